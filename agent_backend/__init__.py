@@ -1,0 +1,10 @@
+"""cuda-agent: a torch.compile backend that runs verified CUDA kernels where they beat Inductor.
+
+Use it by name after `pip install`: torch.compile(model, backend="cuda_agent").
+"""
+import logging
+
+__version__ = "0.1.0"
+
+# Quiet by default: the library never configures logging for the application.
+logging.getLogger("cuda_agent").addHandler(logging.NullHandler())

@@ -1,0 +1,117 @@
+"""Decide, for one task, whether a kernel of ours runs it: cache first, then (if the mode allows)
+a search on the GPU. Every path that does not end in a verified winner leaves the subgraph to
+Inductor with a reason."""
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from . import runtime
+from .graph_pass import Decision
+from .options import Settings
+from .specs import Task
+
+log = logging.getLogger("cuda_agent")
+
+
+def precision_settings(settings: Settings) -> dict:
+    """The precision the reference runs at; part of the cache key and given to the verifier."""
+    return {
+        "allow_tf32": bool(torch.backends.cuda.matmul.allow_tf32),
+        "cudnn_allow_tf32": bool(torch.backends.cudnn.allow_tf32),
+        "matmul_precision": torch.get_float32_matmul_precision(),
+        "allow_reduced_precision": settings.allow_reduced_precision,
+    }
+
+
+_environments: dict = {}
+
+
+def shared_environment(devices, precision: dict):
+    """One worker pool per (devices, precision) for the whole process: workers are slow to start."""
+    from .env import Environment
+    key = (devices, tuple(sorted(precision.items())))
+    if key not in _environments:
+        _environments[key] = Environment(devices=list(devices) if devices else None, precision=precision)
+    return _environments[key]
+
+
+class Dispatcher:
+    def __init__(self, settings: Settings):
+        self.settings = settings
+        self.precision = precision_settings(settings)
+        self._cache = None
+        self._announced_search = False
+
+    @property
+    def cache(self):
+        if self._cache is None:
+            from kernel_cache import KernelCache
+            self._cache = KernelCache.open(cache_dir=self.settings.cache_dir,
+                                           team=list(self.settings.team_cache) or None,
+                                           trust_key=self.settings.trust_key)
+        return self._cache
+
+    def decide(self, task: Task) -> Decision:
+        from kernel_cache import make_key
+        device = task.inputs[0].device if task.inputs else task.outputs[0].device
+        key = make_key(task.hash, task.inputs, device, self.precision)
+        lookup = self.cache.get(key)
+        if lookup is not None:
+            entry = lookup.entry
+            if entry.outcome != "kernel":
+                return Decision(task, None, f"cached: {entry.reason}")
+            if not lookup.trusted:
+                entry = self._reverify(task, key, entry, lookup.layer)
+                if entry is None:
+                    return Decision(task, None, f"{lookup.layer} entry failed verification here")
+            return self._dispatch(task, key.digest, entry)
+        if device != "cuda":
+            return Decision(task, None, f"{device} tensors: our kernels are CUDA only")
+        if self.settings.mode != "search":
+            return Decision(task, None, f"no cached winner (mode={self.settings.mode})")
+        if not torch.cuda.is_available():
+            return Decision(task, None, "no CUDA device to search on")
+        entry = self._search(task)
+        self.cache.put(key, entry)
+        if entry.outcome == "kernel":
+            return self._dispatch(task, key.digest, entry)
+        return Decision(task, None, entry.reason)
+
+    def _search(self, task: Task):
+        from .policies import make_policy
+        from .search import search_task
+        if not self._announced_search:
+            log.warning("cuda_agent: searching kernels for subgraphs without a cached result (up to %.0f s "
+                        "each); results are cached, and options={'mode': 'cached'} skips the search",
+                        self.settings.search_budget_s)
+            self._announced_search = True
+        env = shared_environment(self.settings.devices, self.precision)
+        return search_task(task, env, make_policy(self.settings), budget_s=self.settings.search_budget_s,
+                           max_candidates=self.settings.max_candidates, min_speedup=self.settings.min_speedup)
+
+    def _reverify(self, task: Task, key, entry, layer: str):
+        """An untrusted team entry runs here only after it passes verification on this GPU."""
+        from .specs import Candidate
+        if task.inputs[0].device != "cuda" or not torch.cuda.is_available():
+            return None
+        env = shared_environment(self.settings.devices, self.precision)
+        ev = env.evaluate(task, Candidate(entry.source, entry.origin))
+        if ev.status != "passed" or not ev.profile or ev.profile["speedup_vs_inductor"] <= self.settings.min_speedup:
+            log.info("cuda_agent: %s entry %s rejected here: %s", layer, key.digest[:12], ev.reason or "not faster")
+            return None
+        entry.timings = dict(ev.profile)
+        entry.verification = ev.verification
+        self.cache.put(key, entry)
+        return entry
+
+    def _dispatch(self, task: Task, key: str, entry) -> Decision:
+        winner = runtime.registered(key)
+        if winner is None:
+            try:
+                winner = runtime.load_winner(key, entry.source, task.outputs, entry.origin)
+            except Exception as e:  # a cached winner that no longer loads must not break compile
+                log.warning("cuda_agent: cached kernel %s failed to load (%s); using Inductor", key[:12], e)
+                return Decision(task, None, f"cached kernel failed to load: {type(e).__name__}")
+        return Decision(task, key, f"kernel {entry.origin}")

@@ -1,0 +1,91 @@
+"""The Inductor post-grad pass: partition, make tasks, ask for winners, rewrite the graph."""
+from __future__ import annotations
+
+import logging
+import operator
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+import torch.fx as fx
+from torch._inductor.custom_graph_pass import CustomGraphPass
+
+from .partition import Group, partition
+from .specs import Task
+from .task import UnsupportedGroup, boundary, extract_task
+
+log = logging.getLogger("cuda_agent")
+
+
+@dataclass
+class Decision:
+    """What happened to one subgraph: a winner key to dispatch, or why it stays with Inductor."""
+
+    task: Task | None
+    winner_key: str | None
+    reason: str
+
+
+@dataclass
+class GraphReport:
+    graph_index: int
+    decisions: list[Decision] = field(default_factory=list)
+
+    def summary(self) -> str:
+        won = sum(1 for d in self.decisions if d.winner_key)
+        why = Counter(d.reason for d in self.decisions if not d.winner_key)
+        left = "; ".join(f"{n}x {r}" for r, n in why.most_common(3))
+        return (f"cuda_agent: graph {self.graph_index}: {len(self.decisions)} subgraph(s), {won} ran by our "
+                f"kernels, {len(self.decisions) - won} left to Inductor" + (f" ({left})" if left else ""))
+
+
+def rewrite(graph: fx.Graph, group: Group, task: Task, key: str) -> None:
+    """Replace the group's nodes with one run_winner call and getitems for its outputs."""
+    members = set(group.nodes)
+    inputs, outputs = boundary(group)
+    last = group.nodes[-1]
+    with graph.inserting_after(last):
+        call = graph.call_function(torch.ops.cuda_agent.run_winner.default, (key, inputs))
+    call.meta["val"] = [o.meta["val"] for o in outputs]
+    anchor = call
+    for i, out in enumerate(outputs):
+        with graph.inserting_after(anchor):
+            item = graph.call_function(operator.getitem, (call, i))
+        item.meta = dict(out.meta)
+        out.replace_all_uses_with(item, delete_user_cb=lambda user: user not in members)
+        anchor = item
+    for n in reversed(group.nodes):
+        graph.erase_node(n)
+
+
+class SubgraphPass(CustomGraphPass):
+    """Post-grad pass; `decide(task)` returns a Decision (a winner key, or why not)."""
+
+    def __init__(self, decide: Callable[[Task], Decision], min_ops: int, reports: list[GraphReport]):
+        self.decide = decide
+        self.min_ops = min_ops
+        self.reports = reports
+
+    def __call__(self, graph: fx.Graph) -> None:
+        report = GraphReport(graph_index=len(self.reports))
+        self.reports.append(report)
+        for group in partition(graph):
+            if group.op_count() < self.min_ops:
+                continue
+            try:
+                task = extract_task(group)
+            except UnsupportedGroup as e:
+                report.decisions.append(Decision(None, None, f"not a task: {e}"))
+                continue
+            decision = self.decide(task)
+            report.decisions.append(decision)
+            if decision.winner_key:
+                rewrite(graph, group, task, decision.winner_key)
+        graph.lint()
+        log.info(report.summary())
+
+    def uuid(self):
+        # None keeps Inductor from caching graphs compiled with this pass: whether a subgraph is
+        # replaced depends on the kernel cache's contents, which Inductor's cache key cannot see.
+        return None

@@ -1,0 +1,70 @@
+"""The agent loop for one task: propose, evaluate in the workers, keep the fastest verified
+candidate, within a budget of candidates and seconds. The result is a cache entry either way:
+a winner, "Inductor wins", or why the search failed."""
+from __future__ import annotations
+
+import logging
+import platform
+import time
+
+from kernel_cache import Entry
+
+from .specs import Task
+
+log = logging.getLogger("cuda_agent.search")
+
+
+def _median_ms(ev, who: str) -> float:
+    return ev.profile[f"{who}_ms"]["median"]
+
+
+def _provenance(policy_name: str) -> dict:
+    from . import __version__
+    return {"policy": policy_name, "model": None, "host": platform.node(), "time": time.time(),
+            "version": __version__}
+
+
+def search_task(task: Task, env, policy, *, budget_s: float, max_candidates: int, min_speedup: float) -> Entry:
+    """Run the loop and return the entry to cache (never raises for a bad candidate)."""
+    start = time.monotonic()
+    feedback: list = []
+    evaluated = 0
+    best = None
+    why_not = policy.why_not(task)
+    while evaluated < max_candidates and time.monotonic() - start < budget_s:
+        candidates = policy.propose(task, feedback)[: max_candidates - evaluated]
+        if not candidates:
+            break
+        log.info("task %s (%s, %d ops): evaluating %d candidate(s)", task.hash[:12], task.kind,
+                 len(task.ops), len(candidates))
+        results = env.evaluate_many(task, candidates)
+        for cand, ev in zip(candidates, results):
+            evaluated += 1
+            log.info("  %s: %s%s", cand.origin, ev.status,
+                     f" {_median_ms(ev, 'ours'):.4f} ms vs Inductor {_median_ms(ev, 'inductor'):.4f} ms"
+                     if ev.status == "passed" and ev.profile else f" ({ev.reason})")
+            if ev.status == "passed" and ev.profile and (
+                    best is None or _median_ms(ev, "ours") < _median_ms(best[1], "ours")):
+                best = (cand, ev)
+        feedback.extend(results)
+    provenance = _provenance(policy.name)
+    elapsed = time.monotonic() - start
+    if best is None:
+        if evaluated == 0:
+            reason = why_not or "the policy proposed no candidate"
+        else:
+            statuses = sorted({f"{ev.status}: {ev.reason}" for ev in feedback})
+            reason = f"no candidate of {evaluated} passed ({'; '.join(statuses)[:300]})"
+        return Entry(outcome="failed", reason=reason, source=None, origin=policy.name, binaries={},
+                     launch={}, timings={"search_s": elapsed, "evaluated": evaluated}, verification={},
+                     provenance=provenance, task=task.to_json())
+    cand, ev = best
+    timings = dict(ev.profile, search_s=elapsed, evaluated=evaluated)
+    speedup = ev.profile["speedup_vs_inductor"]
+    if speedup > min_speedup:
+        outcome, reason = "kernel", f"{speedup:.2f}x faster than Inductor ({cand.origin})"
+    else:
+        outcome, reason = "inductor", f"Inductor wins: best candidate {speedup:.2f}x of Inductor's speed"
+    return Entry(outcome=outcome, reason=reason, source=cand.source if outcome == "kernel" else None,
+                 origin=cand.origin, binaries={}, launch=dict(cand.params), timings=timings,
+                 verification=ev.verification, provenance=provenance, task=task.to_json())

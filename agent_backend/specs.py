@@ -1,0 +1,138 @@
+"""Plain-data descriptions shared by every part: tensors, tasks and candidates.
+
+Everything here crosses process boundaries (worker pipes, the SQLite cache), so it is JSON-able
+and never holds live tensors or code objects, except `Task.graph_module`, which stays in the
+process that built the task and is never serialised.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+# Tasks take and return floating or boolean tensors only: these are the dtypes a random input
+# generator can fill with values that mean something for any op.
+FLOAT_DTYPES = ("float32", "float16", "bfloat16", "float64")
+TASK_DTYPES = FLOAT_DTYPES + ("bool",)
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def dtype_from_name(name: str) -> torch.dtype:
+    dtype = getattr(torch, name, None)
+    if not isinstance(dtype, torch.dtype):
+        raise ValueError(f"unknown dtype name {name!r}")
+    return dtype
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """Shape, strides, dtype and device type of one tensor (static shapes only)."""
+
+    shape: tuple[int, ...]
+    stride: tuple[int, ...]
+    dtype: str
+    device: str  # device type: "cuda" or "cpu"
+
+    @classmethod
+    def of(cls, t: torch.Tensor) -> "TensorSpec":
+        return cls(tuple(t.shape), tuple(t.stride()), dtype_name(t.dtype), t.device.type)
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        return dtype_from_name(self.dtype)
+
+    def storage_elements(self) -> int:
+        """Elements the strided view spans (what must be allocated to hold it)."""
+        if any(s == 0 for s in self.shape):
+            return 0
+        return 1 + sum((n - 1) * st for n, st in zip(self.shape, self.stride))
+
+    def to_json(self) -> dict:
+        return {"shape": list(self.shape), "stride": list(self.stride), "dtype": self.dtype, "device": self.device}
+
+    @classmethod
+    def from_json(cls, d: dict) -> "TensorSpec":
+        return cls(tuple(d["shape"]), tuple(d["stride"]), d["dtype"], d["device"])
+
+
+def random_tensor(spec: TensorSpec, generator: torch.Generator, *, scale: float = 1.0,
+                  offset: float = 0.0, device: str | None = None) -> torch.Tensor:
+    """A tensor with `spec`'s shape and strides, filled from `generator` (on the CPU, so the
+    same seed gives the same values on any device), then moved to `device`."""
+    n = spec.storage_elements()
+    if spec.dtype == "bool":
+        flat = torch.rand(n, generator=generator) > 0.5
+    else:
+        flat = (torch.randn(n, generator=generator, dtype=torch.float64) * scale + offset).to(spec.torch_dtype)
+    flat = flat.to(device or spec.device)
+    return flat.as_strided(spec.shape, spec.stride)
+
+
+def random_inputs(specs: tuple[TensorSpec, ...] | list[TensorSpec], seed: int, *, scale: float = 1.0,
+                  offset: float = 0.0, device: str | None = None) -> list[torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    return [random_tensor(s, g, scale=scale, offset=offset, device=device) for s in specs]
+
+
+@dataclass(frozen=True)
+class Task:
+    """One subgraph to beat Inductor on.
+
+    `program` is a standalone KernelBench-style module (class Model, get_inputs,
+    get_init_inputs) computing the subgraph; `hash` names its computation independently of node
+    names, graph position and process; `inputs`/`outputs` are the signature it was seen with.
+    """
+
+    hash: str
+    program: str
+    inputs: tuple[TensorSpec, ...]
+    outputs: tuple[TensorSpec, ...]
+    ops: tuple[str, ...]
+    kind: str  # "pointwise", "matmul", "reduction", "norm", "softmax", "conv"
+    # The subgraph as an FX GraphModule (placeholders = inputs, output = tuple of outputs);
+    # in-process only, for template policies that read the ops directly.
+    graph_module: Any = field(default=None, compare=False, repr=False)
+
+    def to_json(self) -> dict:
+        return {
+            "hash": self.hash,
+            "program": self.program,
+            "inputs": [s.to_json() for s in self.inputs],
+            "outputs": [s.to_json() for s in self.outputs],
+            "ops": list(self.ops),
+            "kind": self.kind,
+        }
+
+    @classmethod
+    def from_json(cls, d: dict) -> "Task":
+        return cls(
+            hash=d["hash"],
+            program=d["program"],
+            inputs=tuple(TensorSpec.from_json(s) for s in d["inputs"]),
+            outputs=tuple(TensorSpec.from_json(s) for s in d["outputs"]),
+            ops=tuple(d["ops"]),
+            kind=d["kind"],
+        )
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """An answer to a Task: KernelBench-style source defining `class ModelNew` with the same
+    forward signature as the Task's Model. `origin` says who wrote it (e.g.
+    "builtin:pointwise:b256v4", "llm:<model>", "test")."""
+
+    source: str
+    origin: str
+    params: dict = field(default_factory=dict, compare=False)
+
+    def to_json(self) -> dict:
+        return {"source": self.source, "origin": self.origin, "params": dict(self.params)}
+
+    @classmethod
+    def from_json(cls, d: dict) -> "Candidate":
+        return cls(d["source"], d["origin"], dict(d.get("params", {})))
+

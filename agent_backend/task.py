@@ -1,0 +1,182 @@
+"""Turn a group of graph nodes into a Task: a standalone KernelBench-style program, the input and
+output signature, and a canonical hash of the computation.
+
+The hash is taken over the program's forward body written with canonical names (in0.., v0..),
+so it does not change with node names, the group's place in the graph or the process, and does
+change when an op, a constant or an attribute changes. Shapes enter the hash only where the
+computation spells them out (a view's target shape); the signature is keyed separately.
+"""
+from __future__ import annotations
+
+import hashlib
+import math
+import operator
+
+import torch
+import torch.fx as fx
+
+from .partition import Group
+from .specs import Task, TensorSpec
+
+PROGRAM_HEADER = '''import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+
+'''
+
+PROGRAM_FOOTER = '''
+
+_INPUT_SPECS = {specs}
+_DEVICE = {device!r}
+
+
+def _random_tensor(shape, stride, dtype):
+    n = 1 + sum((size - 1) * st for size, st in zip(shape, stride)) if all(shape) else 0
+    if dtype == torch.bool:
+        flat = torch.rand(n, device=_DEVICE) > 0.5
+    else:
+        flat = torch.randn(n, device=_DEVICE, dtype=dtype)
+    return flat.as_strided(shape, stride)
+
+
+def get_inputs():
+    return [_random_tensor(shape, stride, dtype) for shape, stride, dtype in _INPUT_SPECS]
+
+
+def get_init_inputs():
+    return []
+'''
+
+
+class UnsupportedGroup(Exception):
+    """The group cannot become a Task (e.g. a non-tensor crosses its boundary)."""
+
+
+def _literal(value) -> str:
+    """Python source for a constant argument, exact for floats (repr round-trips)."""
+    if isinstance(value, float):
+        if math.isnan(value):
+            return 'float("nan")'
+        if math.isinf(value):
+            return 'float("inf")' if value > 0 else 'float("-inf")'
+        return repr(value)
+    if isinstance(value, (bool, int, str, type(None))):
+        return repr(value)
+    if isinstance(value, torch.dtype):
+        return str(value)
+    if isinstance(value, (torch.memory_format, torch.layout)):
+        return str(value)
+    if isinstance(value, (list, tuple)):
+        inner = ", ".join(_literal(v) for v in value)
+        return f"[{inner}]" if isinstance(value, list) else f"({inner}{',' if len(value) == 1 else ''})"
+    raise UnsupportedGroup(f"constant of type {type(value).__name__} cannot be written in a program")
+
+
+def _op_path(target) -> str:
+    if target is operator.getitem:
+        return "operator.getitem"
+    ns = target.namespace
+    return f"torch.ops.{ns}.{target._opname}.{target._overloadname}"
+
+
+def boundary(group: Group) -> tuple[list[fx.Node], list[fx.Node]]:
+    """Inputs in order of first use; outputs (members used outside) in graph order."""
+    members = set(group.nodes)
+    inputs: list[fx.Node] = []
+    for n in group.nodes:
+        for a in n.all_input_nodes:
+            if a not in members and a not in inputs:
+                inputs.append(a)
+    outputs = [n for n in group.nodes if any(u not in members for u in n.users)]
+    return inputs, outputs
+
+
+def _spec(node: fx.Node) -> TensorSpec:
+    val = node.meta.get("val")
+    if not isinstance(val, torch.Tensor):
+        raise UnsupportedGroup(f"{node.name} is not a single tensor")
+    return TensorSpec.of(val)
+
+
+def _forward_body(group: Group, inputs: list[fx.Node], outputs: list[fx.Node]) -> tuple[str, list[str]]:
+    names = {n: f"in{i}" for i, n in enumerate(inputs)}
+    lines, ops = [], []
+
+    def arg(a):
+        if isinstance(a, fx.Node):
+            return names[a]
+        if isinstance(a, (list, tuple)) and any(isinstance(x, fx.Node) for x in a):
+            return "[" + ", ".join(arg(x) for x in a) + "]"
+        return _literal(a)
+
+    for i, n in enumerate(group.nodes):
+        names[n] = f"v{i}"
+        if n.target is operator.getitem:
+            lines.append(f"v{i} = {arg(n.args[0])}[{_literal(n.args[1])}]")
+            continue
+        ops.append(str(n.target))
+        args = [arg(a) for a in n.args] + [f"{k}={arg(v)}" for k, v in sorted(n.kwargs.items())]
+        lines.append(f"v{i} = {_op_path(n.target)}({', '.join(args)})")
+    rets = [names[o] for o in outputs]
+    lines.append(f"return {rets[0]}" if len(rets) == 1 else f"return ({', '.join(rets)})")
+    return "\n".join(lines), ops
+
+
+def _subgraph_module(group: Group, inputs: list[fx.Node], outputs: list[fx.Node]) -> fx.GraphModule:
+    """The group as its own GraphModule: placeholders in0.., output a tuple (meta kept)."""
+    sub = fx.Graph()
+    env: dict[fx.Node, fx.Node] = {}
+    for i, n in enumerate(inputs):
+        p = sub.placeholder(f"in{i}")
+        p.meta = dict(n.meta)
+        env[n] = p
+    for n in group.nodes:
+        env[n] = sub.node_copy(n, lambda a: env[a])
+    sub.output(tuple(env[o] for o in outputs))
+    return fx.GraphModule(torch.nn.Module(), sub)
+
+
+def canonical_hash(body: str) -> str:
+    return hashlib.sha256(("cuda_agent.task.v1\n" + body).encode()).hexdigest()[:32]
+
+
+def extract_task(group: Group) -> Task:
+    inputs, outputs = boundary(group)
+    if not outputs:
+        raise UnsupportedGroup("the group's results are not used")
+    in_specs = tuple(_spec(n) for n in inputs)
+    out_specs = tuple(_spec(n) for n in outputs)
+    devices = {s.device for s in in_specs + out_specs}
+    if len(devices) != 1:
+        raise UnsupportedGroup(f"the group spans devices {sorted(devices)}")
+    body, ops = _forward_body(group, inputs, outputs)
+    signature = ", ".join(["self"] + [f"in{i}" for i in range(len(inputs))])
+    specs = "[\n" + "".join(
+        f"    ({s.shape!r}, {s.stride!r}, torch.{s.dtype}),\n" for s in in_specs) + "]"
+    program = (
+        ("import operator\n" if "operator.getitem" in body else "")
+        + PROGRAM_HEADER
+        + f"    def forward({signature}):\n"
+        + "".join(f"        {line}\n" for line in body.splitlines())
+        + PROGRAM_FOOTER.format(specs=specs, device=devices.pop())
+    )
+    return Task(
+        hash=canonical_hash(body),
+        program=program,
+        inputs=in_specs,
+        outputs=out_specs,
+        ops=tuple(ops),
+        kind=group.kind,
+        graph_module=_subgraph_module(group, inputs, outputs),
+    )
+
+
+def load_program(program: str, name: str = "<task>") -> dict:
+    """Execute a task program (our own generated text, never a model's) and return its namespace."""
+    namespace: dict = {"__name__": name}
+    exec(compile(program, name, "exec"), namespace)
+    return namespace

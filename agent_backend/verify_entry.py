@@ -1,0 +1,22 @@
+"""Re-verify a cached kernel on this machine (for `cuda-agent cache verify`)."""
+from __future__ import annotations
+
+import torch
+
+from .specs import Candidate, Task
+
+
+def verify_entry(entry) -> tuple[bool, str]:
+    """(passed, reason): the entry's candidate against its own task, in a worker on this GPU."""
+    if entry.outcome != "kernel":
+        return True, f"nothing to run (outcome {entry.outcome})"
+    if not entry.task or not entry.source:
+        return False, "entry has no task or no source to verify"
+    task = Task.from_json(entry.task)
+    if task.inputs and task.inputs[0].device == "cuda" and not torch.cuda.is_available():
+        return False, "not verified: no CUDA device here"
+    from .dispatch import shared_environment
+    precision = {k: v for k, v in (entry.key or {}).get("precision", {}).items()} or None
+    env = shared_environment(None, precision or {})
+    ev = env.evaluate(task, Candidate(entry.source, entry.origin), profile=False)
+    return ev.status == "passed", ev.reason or ev.status

@@ -1,0 +1,60 @@
+"""Running a model eagerly and compiled, forward and backward, and comparing the results."""
+from __future__ import annotations
+
+import torch
+
+
+def _outputs(out) -> list[torch.Tensor]:
+    if isinstance(out, torch.Tensor):
+        return [out]
+    if hasattr(out, "to_tuple"):  # transformers ModelOutput
+        out = out.to_tuple()
+    flat = []
+    for o in out:
+        flat.extend(_outputs(o) if not isinstance(o, torch.Tensor) else [o])
+    return flat
+
+
+def run_fwd_bwd(model, inputs, compile_backend=None, options=None):
+    """Outputs and parameter/input gradients of one forward + backward."""
+    model.zero_grad(set_to_none=True)
+    inputs = [i.detach().clone().requires_grad_(i.is_floating_point()) for i in inputs]
+    fn = model
+    if compile_backend is not None:
+        torch._dynamo.reset()
+        fn = torch.compile(model, backend=compile_backend, options=options)
+    outs = [o for o in _outputs(fn(*inputs)) if o.is_floating_point()]
+    sum((o.float() * (i + 1)).sum() for i, o in enumerate(outs)).backward()
+    grads = [p.grad for p in model.parameters() if p.grad is not None]
+    grads += [i.grad for i in inputs if i.grad is not None]
+    return [o.detach() for o in outs], [g.detach() for g in grads]
+
+
+def assert_close_lists(got, expected, atol, rtol, what):
+    assert len(got) == len(expected), f"{what}: {len(got)} tensors, expected {len(expected)}"
+    for i, (g, e) in enumerate(zip(got, expected)):
+        torch.testing.assert_close(g, e, atol=atol, rtol=rtol, msg=lambda m: f"{what} {i}: {m}")
+
+
+def collect_tasks(model, inputs, backward: bool = True, min_ops: int = 1):
+    """Tasks the backend's pass extracts from `model`, compiled with nothing replaced."""
+    from torch._inductor.compile_fx import compile_fx
+
+    from agent_backend.graph_pass import Decision, SubgraphPass
+
+    tasks = []
+
+    def record(task):
+        tasks.append(task)
+        return Decision(task, None, "recorded")
+
+    def backend(gm, example_inputs):
+        return compile_fx(gm, example_inputs,
+                          config_patches={"post_grad_custom_post_pass": SubgraphPass(record, min_ops, [])})
+
+    torch._dynamo.reset()
+    out = torch.compile(model, backend=backend)(*inputs)
+    if backward:
+        out = out if isinstance(out, torch.Tensor) else out[0]
+        out.sum().backward()
+    return tasks

@@ -1,0 +1,103 @@
+"""A winner supplied through the cache (a hand-written candidate) replaces its subgraph with one
+call of our custom op; Inductor compiles the rest; results match eager, forward and backward."""
+import time
+
+import torch
+import torch.nn as nn
+from torch._inductor.utils import run_and_get_code
+
+from agent_backend import backend, runtime
+from agent_backend.dispatch import precision_settings
+from agent_backend.options import resolve
+from agent_backend.specs import Candidate
+from helpers import assert_close_lists, collect_tasks, run_fwd_bwd
+
+# Hand-written candidate for x * sigmoid(x) + bias, in the KernelBench answer format.
+SWISH_BIAS = '''
+import torch
+import torch.nn as nn
+
+
+class ModelNew(nn.Module):
+    def forward(self, x, bias):
+        return x / (1.0 + torch.exp(-x)) + bias
+'''
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(16, 16)
+        self.bias = nn.Parameter(torch.randn(16))
+
+    def forward(self, x):
+        y = x * torch.sigmoid(x) + self.bias  # used twice, so it stays a chain of its own
+        return self.lin(y), y
+
+
+def _swish_task(model, x):
+    tasks = collect_tasks(model, [x.clone().requires_grad_()], backward=True, min_ops=1)
+    matches = [t for t in tasks if t.ops == ("aten.sigmoid.default", "aten.mul.Tensor", "aten.add.Tensor")]
+    assert matches, [t.ops for t in tasks]
+    return matches[0]
+
+
+def _put_winner(task, source):
+    from kernel_cache import Entry, KernelCache, make_key
+    settings = resolve({})
+    key = make_key(task.hash, task.inputs, "cpu", precision_settings(settings))
+    entry = Entry(outcome="kernel", reason="supplied by a test", source=source, origin="test", binaries={},
+                  launch={}, timings={}, verification={}, provenance={"policy": "test"}, task=task.to_json(),
+                  key=key.to_json(), last_used=time.time(), created=time.time(), format_version=1, signature=None)
+    cache = KernelCache.open()
+    cache.put(key, entry)
+    cache.close()
+    return key.digest
+
+
+def test_supplied_winner_is_dispatched(cache_dir):
+    torch.manual_seed(0)
+    model, x = Net(), torch.randn(4, 16)
+    key = _put_winner(_swish_task(model, x), SWISH_BIAS)
+    eager_out, eager_grads = run_fwd_bwd(model, [x])
+    ours_out, ours_grads = run_fwd_bwd(model, [x], "cuda_agent", options={"mode": "cached"})
+    assert_close_lists(ours_out, eager_out, 1e-5, 1e-5, "output")
+    assert_close_lists(ours_grads, eager_grads, 1e-5, 1e-5, "grad")
+    winner = runtime.registered(key)
+    assert winner is not None and winner.calls >= 1, "the supplied winner never ran"
+    decisions = [d for r in backend.reports for d in r.decisions]
+    assert any(d.winner_key == key for d in decisions)
+    assert any(d.winner_key is None for d in decisions), "everything else should stay with Inductor"
+
+
+def test_generated_code_calls_our_op_and_inductor_kernels(cache_dir):
+    torch.manual_seed(0)
+    model, x = Net(), torch.randn(4, 16)
+    _put_winner(_swish_task(model, x), SWISH_BIAS)
+    torch._dynamo.reset()
+    with torch.no_grad():
+        out, code = run_and_get_code(torch.compile(model, backend="cuda_agent", options={"mode": "cached"}), x)
+    text = "\n".join(code)
+    assert "cuda_agent.run_winner" in text
+    assert "cpp_fused" in text, "Inductor should still compile the rest into its own kernels"
+    torch.testing.assert_close(out, model(x), atol=1e-5, rtol=1e-5)
+
+
+def test_no_winner_means_inductor_with_reason(cache_dir, caplog):
+    torch.manual_seed(0)
+    model, x = Net(), torch.randn(4, 16)
+    torch._dynamo.reset()
+    with caplog.at_level("INFO", logger="cuda_agent"):
+        torch.compile(model, backend="cuda_agent")(x)
+    assert any("left to Inductor" in r.message and "cpu tensors" in r.message for r in caplog.records)
+
+
+def test_broken_cached_winner_falls_back(cache_dir):
+    torch.manual_seed(0)
+    model, x = Net(), torch.randn(4, 16)
+    key = _put_winner(_swish_task(model, x), "raise ImportError('gone')\n")
+    runtime._registry.pop(key, None)
+    out, _ = run_fwd_bwd(model, [x], "cuda_agent", options={"mode": "cached"})
+    eager, _ = run_fwd_bwd(model, [x])
+    assert_close_lists(out, eager, 1e-5, 1e-5, "output")
+    assert runtime.registered(key) is None

@@ -1,0 +1,67 @@
+"""Partitioning: groups are disjoint and convex, anchors take their epilogues, chains form."""
+import operator
+
+import torch
+from torch.fx.experimental.proxy_tensor import make_fx
+
+from agent_backend.partition import _Graph, classify, partition
+
+
+def _graph(fn, *inputs):
+    gm = make_fx(fn)(*inputs)
+    gm.graph.eliminate_dead_code()
+    return gm.graph
+
+
+def _ops(group):
+    return [n.target._opname for n in group.nodes if n.target is not operator.getitem]
+
+
+def test_pointwise_chain_is_one_group():
+    g = _graph(lambda x, y: torch.tanh(torch.relu(x + y) * 2.0), torch.randn(4, 8), torch.randn(4, 8))
+    groups = partition(g)
+    assert [(gr.kind, _ops(gr)) for gr in groups] == [("pointwise", ["add", "relu", "mul", "tanh"])]
+
+
+def test_matmul_takes_epilogue_not_unrelated_work():
+    def fn(x, w, b, z):
+        return torch.relu(x @ w + b), torch.exp(z)
+    groups = partition(_graph(fn, torch.randn(4, 8), torch.randn(8, 8), torch.randn(8), torch.randn(3)))
+    kinds = {gr.kind: _ops(gr) for gr in groups}
+    assert kinds["matmul"] == ["mm", "add", "relu"]
+    assert kinds["pointwise"] == ["exp"]
+
+
+def test_no_group_would_make_a_cycle():
+    """exp feeds the mm and, around it, the add: {exp, add} without mm would be a cycle."""
+    def fn(x, w):
+        e = torch.exp(x)
+        return torch.relu(e @ w) + e.sum()
+    g = _graph(fn, torch.randn(8, 8), torch.randn(8, 8))
+    gr = _Graph(g)
+    nodes = {n.target._opname: n for n in g.nodes if n.op == "call_function"}
+    assert not gr.is_convex({nodes["exp"], nodes["add"]})
+    groups = partition(g)
+    seen = set()
+    for group in groups:
+        members = set(group.nodes)
+        assert not (members & seen), "groups overlap"
+        seen |= members
+        assert gr.is_convex(members)
+
+
+def test_softmax_rows_fuse_into_one_group():
+    def softmax(x):  # as Inductor's decompositions write it in the post-grad graph
+        e = torch.exp(x * 2.0 - (x * 2.0).amax(-1, keepdim=True))
+        return e / e.sum(-1, keepdim=True)
+    g = _graph(softmax, torch.randn(4, 16))
+    groups = partition(g)
+    assert len(groups) == 1 and groups[0].kind == "reduction"
+    assert {"amax", "exp", "sum", "div"} <= set(_ops(groups[0]))
+
+
+def test_classify_says_why_not():
+    g = _graph(lambda x: torch.rand_like(x) + x.long().float(), torch.randn(4))
+    reasons = {n.target._opname: classify(n) for n in g.nodes if n.op == "call_function"}
+    assert reasons["rand_like"].kind is None and "random" in reasons["rand_like"].reason
+    assert any(c.kind is None and "int64" in c.reason for c in reasons.values())
