@@ -35,23 +35,31 @@ def _as_tuple(inputs) -> tuple:
     return tuple(inputs) if isinstance(inputs, (list, tuple)) else (inputs,)
 
 
-def explain(factory, options: dict | None = None) -> list[GraphReport]:
-    """Compile the factory's model with a pass that records tasks and replaces nothing."""
-    settings = resolve(options)
-    model, inputs = factory()
-    inputs = _as_tuple(inputs)
+def trace_tasks(model, inputs, *, backward: bool = True, min_ops: int = 2) -> list[GraphReport]:
+    """Compile `model` with a pass that records the tasks of every graph and replaces nothing;
+    run one backward too (if `backward` and an output needs grad) so backward graphs show."""
     reports: list[GraphReport] = []
 
     def backend(gm, example_inputs):
-        record = SubgraphPass(lambda task: Decision(task, None, "explain only"), settings.min_ops, reports)
+        record = SubgraphPass(lambda task: Decision(task, None, "recorded only"), min_ops, reports)
         return compile_fx(gm, example_inputs, config_patches={"post_grad_custom_post_pass": record})
 
     torch._dynamo.reset()
-    out = torch.compile(model, backend=backend)(*inputs)
+    out = torch.compile(model, backend=backend)(*_as_tuple(inputs))
     tensors = [t for t in (out if isinstance(out, (list, tuple)) else [out]) if isinstance(t, torch.Tensor)]
-    if any(t.requires_grad for t in tensors):  # the backward graph is compiled on first backward
+    if backward and any(t.requires_grad for t in tensors):
         sum(t.float().sum() for t in tensors if t.requires_grad).backward()
     return reports
+
+
+def tasks_of(reports: list[GraphReport]) -> list:
+    return [d.task for r in reports for d in r.decisions if d.task is not None]
+
+
+def explain(factory, options: dict | None = None) -> list[GraphReport]:
+    settings = resolve(options)
+    model, inputs = factory()
+    return trace_tasks(model, inputs, min_ops=settings.min_ops)
 
 
 def reports_to_json(reports: list[GraphReport]) -> list[dict]:

@@ -36,25 +36,8 @@ def assert_close_lists(got, expected, atol, rtol, what):
         torch.testing.assert_close(g, e, atol=atol, rtol=rtol, msg=lambda m: f"{what} {i}: {m}")
 
 
+
 def collect_tasks(model, inputs, backward: bool = True, min_ops: int = 1):
     """Tasks the backend's pass extracts from `model`, compiled with nothing replaced."""
-    from torch._inductor.compile_fx import compile_fx
-
-    from agent_backend.graph_pass import Decision, SubgraphPass
-
-    tasks = []
-
-    def record(task):
-        tasks.append(task)
-        return Decision(task, None, "recorded")
-
-    def backend(gm, example_inputs):
-        return compile_fx(gm, example_inputs,
-                          config_patches={"post_grad_custom_post_pass": SubgraphPass(record, min_ops, [])})
-
-    torch._dynamo.reset()
-    out = torch.compile(model, backend=backend)(*inputs)
-    if backward:
-        out = out if isinstance(out, torch.Tensor) else out[0]
-        out.sum().backward()
-    return tasks
+    from agent_backend.explain import tasks_of, trace_tasks
+    return tasks_of(trace_tasks(model, inputs, backward=backward, min_ops=min_ops))

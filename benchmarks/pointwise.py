@@ -1,0 +1,124 @@
+"""Pointwise tasks on the GPU: our best verified kernel vs Inductor vs eager, in one run.
+
+For each task the built-in policy's candidates are searched in the worker pool exactly as the
+backend does (same verifier, same profiler: L2 flushed, medians of many trials, all three timed
+in one worker on the same inputs), then achieved bandwidth is shown as a fraction of a measured
+device-to-device copy.
+
+    python benchmarks/pointwise.py [--out benchmarks/results/pointwise-<gpu>-<date>.json]
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import math
+import sys
+from pathlib import Path
+
+import torch
+
+from agent_backend.dispatch import precision_settings, shared_environment
+from agent_backend.explain import tasks_of, trace_tasks
+from agent_backend.options import resolve
+from agent_backend.policies.builtin import BuiltinPolicy
+from agent_backend.search import search_task
+
+
+def copy_bandwidth_gbs(nbytes: int = 1 << 30) -> float:
+    """Device-to-device copy, counting bytes read plus bytes written."""
+    a = torch.empty(nbytes // 4, device="cuda")
+    b = torch.empty_like(a)
+    for _ in range(3):
+        b.copy_(a)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    times = []
+    for _ in range(20):
+        start.record()
+        b.copy_(a)
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    times.sort()
+    return 2 * nbytes / (times[len(times) // 2] * 1e-3) / 1e9
+
+
+def cases():
+    """name -> (function, inputs); each function is one pointwise chain."""
+    def r(*shape, dtype=torch.float32):
+        return torch.randn(*shape, device="cuda", dtype=dtype)
+    return {
+        "add_relu_f32_4kx4k": (lambda x, y: torch.relu(x + y) * 2.0, (r(4096, 4096), r(4096, 4096))),
+        "swish_bias_f16_8kx4k": (lambda x, b: x * torch.sigmoid(x) + b,
+                                 (r(8192, 4096, dtype=torch.float16), r(4096, dtype=torch.float16))),
+        "gelu_mul_bf16_8kx4k": (lambda x, y: torch.nn.functional.gelu(x) * y,
+                                (r(8192, 4096, dtype=torch.bfloat16), r(8192, 4096, dtype=torch.bfloat16))),
+        "tanh_gate_f32_4kx4k": (lambda x, y: torch.tanh(x * 0.5 + y) * torch.sigmoid(y),
+                                (r(4096, 4096), r(4096, 4096))),
+        "transposed_add_f32_4kx4k": (lambda x, y: torch.sigmoid(x.t() + y) * 3.0, (r(4096, 4096), r(4096, 4096))),
+        "small_f32_256x1024": (lambda x, y: torch.relu(x * y + 1.0) - y, (r(256, 1024), r(256, 1024))),
+    }
+
+
+class _Fn(torch.nn.Module):
+    def __init__(self, fn):
+        super().__init__()
+        self.fn = fn
+
+    def forward(self, *xs):
+        return self.fn(*xs)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out", help="also write the results as JSON here")
+    parser.add_argument("--only", help="run only cases whose name contains this")
+    args = parser.parse_args()
+    if not torch.cuda.is_available():
+        print("needs a CUDA GPU")
+        return 1
+    settings = resolve({})
+    env = shared_environment(None, precision_settings(settings))
+    policy = BuiltinPolicy()
+    copy_gbs = copy_bandwidth_gbs()
+    rows = []
+    for name, (fn, inputs) in cases().items():
+        if args.only and args.only not in name:
+            continue
+        tasks = [t for t in tasks_of(trace_tasks(_Fn(fn), inputs, backward=False)) if t.kind == "pointwise"]
+        task = max(tasks, key=lambda t: len(t.ops))
+        entry = search_task(task, env, policy, budget_s=600, max_candidates=settings.max_candidates,
+                            min_speedup=settings.min_speedup)
+        row = {"case": name, "ops": len(task.ops), "outcome": entry.outcome, "reason": entry.reason}
+        if entry.timings.get("ours_ms"):
+            t = entry.timings
+            nbytes = sum(math.prod(s.shape) * torch.empty(0, dtype=s.torch_dtype).element_size()
+                         for s in task.inputs + task.outputs)
+            ours = t["ours_ms"]["median"]
+            row.update(ours_ms=ours, inductor_ms=t["inductor_ms"]["median"], eager_ms=t["eager_ms"]["median"],
+                       speedup_vs_inductor=t["speedup_vs_inductor"], speedup_vs_eager=t["speedup_vs_eager"],
+                       gbs=nbytes / (ours * 1e-3) / 1e9, origin=entry.origin, timings=t)
+            row["copy_fraction"] = row["gbs"] / copy_gbs
+        rows.append(row)
+        print(json.dumps({k: v for k, v in row.items() if k != "timings"}), flush=True)
+    env.close()
+    header = f"{'case':<26} {'ours ms':>9} {'inductor':>9} {'eager':>9} {'vs ind':>7} {'vs eager':>8} {'GB/s':>7} {'of copy':>7}  outcome"
+    print(f"\nGPU: {torch.cuda.get_device_name()} | torch {torch.__version__} | copy {copy_gbs:.0f} GB/s | "
+          f"{datetime.date.today()}")
+    print(header)
+    for r in rows:
+        if "ours_ms" in r:
+            print(f"{r['case']:<26} {r['ours_ms']:>9.4f} {r['inductor_ms']:>9.4f} {r['eager_ms']:>9.4f} "
+                  f"{r['speedup_vs_inductor']:>6.2f}x {r['speedup_vs_eager']:>7.2f}x {r['gbs']:>7.0f} "
+                  f"{r['copy_fraction']:>6.0%}  {r['outcome']}")
+        else:
+            print(f"{r['case']:<26} {'-':>9} {'':>9} {'':>9} {'':>7} {'':>8} {'':>7} {'':>7}  {r['outcome']}: {r['reason'][:80]}")
+    if args.out:
+        Path(args.out).write_text(json.dumps({
+            "gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "date": str(datetime.date.today()),
+            "copy_gbs": copy_gbs, "rows": rows}, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,123 @@
+"""On a CUDA GPU: the model set matches eager, a supplied winner is dispatched while Inductor
+compiles the rest, and the search runs end to end for pointwise chains."""
+import time
+
+import pytest
+import torch
+import torch.nn as nn
+from torch._inductor.utils import run_and_get_code
+
+from agent_backend import backend, runtime
+from agent_backend.dispatch import precision_settings
+from agent_backend.options import resolve
+from helpers import assert_close_lists, collect_tasks, run_fwd_bwd
+from models import model_set
+
+pytestmark = pytest.mark.gpu
+
+# A CUDA winner through the fast path, counting its own launches.
+SWISH_BIAS_CUDA = r'''
+import torch
+import torch.nn as nn
+from agent_backend.env.fast_kernel import load_kernel
+
+SRC = """
+extern "C" __global__ void swish_bias(const float* x, const float* b, float* out, long long n, int cols) {
+    long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) { float v = x[i]; out[i] = v / (1.0f + expf(-v)) + b[i % cols]; }
+}
+"""
+_kernel = load_kernel(SRC, "swish_bias", ["ptr", "ptr", "ptr", "i64", "i32"])
+LAUNCHES = [0]
+
+
+class ModelNew(nn.Module):
+    def forward(self, x, bias):
+        out = torch.empty_like(x)
+        n = x.numel()
+        _kernel.launch(((n + 255) // 256,), (256,), [x, bias, out, n, x.shape[-1]])
+        LAUNCHES[0] += 1
+        return out
+'''
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(64, 64)
+        self.bias = nn.Parameter(torch.randn(64))
+
+    def forward(self, x):
+        y = x * torch.sigmoid(x) + self.bias
+        return self.lin(y), y
+
+
+@pytest.mark.parametrize("name", sorted(model_set("cuda")))
+def test_model_set_matches_eager_on_cuda(name, cache_dir):
+    model, inputs = model_set("cuda")[name]()
+    eager_out, eager_grads = run_fwd_bwd(model, inputs)
+    ours_out, ours_grads = run_fwd_bwd(model, inputs, "cuda_agent", options={"mode": "cached"})
+    assert_close_lists(ours_out, eager_out, 1e-4, 1e-4, f"{name} output")
+    assert_close_lists(ours_grads, eager_grads, 1e-4, 1e-4, f"{name} grad")
+
+
+def test_supplied_cuda_winner_is_dispatched(cache_dir):
+    from kernel_cache import Entry, KernelCache, make_key
+    torch.manual_seed(0)
+    model, x = Net().cuda(), torch.randn(32, 64, device="cuda")
+    tasks = collect_tasks(model, [x.clone().requires_grad_()], backward=True, min_ops=1)
+    task = next(t for t in tasks if t.ops == ("aten.sigmoid.default", "aten.mul.Tensor", "aten.add.Tensor"))
+    key = make_key(task.hash, task.inputs, "cuda", precision_settings(resolve({})))
+    cache = KernelCache.open()
+    cache.put(key, Entry(outcome="kernel", reason="test", source=SWISH_BIAS_CUDA, origin="test", binaries={},
+                         launch={}, timings={}, verification={}, provenance={}, task=task.to_json(),
+                         key=key.to_json(), last_used=time.time(), created=time.time(), format_version=1,
+                         signature=None))
+    cache.close()
+    eager_out, eager_grads = run_fwd_bwd(model, [x])
+    ours_out, ours_grads = run_fwd_bwd(model, [x], "cuda_agent", options={"mode": "cached"})
+    assert_close_lists(ours_out, eager_out, 1e-5, 1e-5, "output")
+    assert_close_lists(ours_grads, eager_grads, 1e-4, 1e-4, "grad")
+    assert runtime.registered(key.digest).calls >= 1
+    torch._dynamo.reset()
+    with torch.no_grad():
+        _, code = run_and_get_code(torch.compile(model, backend="cuda_agent", options={"mode": "cached"}), x)
+    text = "\n".join(code)
+    assert "cuda_agent.run_winner" in text and "extern_kernels" in text
+
+
+class Chains(nn.Module):
+    """Pointwise chains big enough to be worth a kernel."""
+
+    def forward(self, x, y):
+        a = torch.tanh(x * 0.5 + y) * torch.sigmoid(y)
+        return a, torch.relu(a - 1.0).sum()
+
+
+def test_search_end_to_end(cache_dir):
+    torch.manual_seed(0)
+    x, y = torch.randn(4096, 1024, device="cuda"), torch.randn(4096, 1024, device="cuda")
+    model = Chains()
+    with torch.no_grad():
+        expected = model(x, y)
+        torch._dynamo.reset()
+        got = torch.compile(model, backend="cuda_agent", options={"search_budget_s": 300})(x, y)
+    assert_close_lists(list(got), list(expected), 1e-4, 1e-4, "output")
+    decisions = [d for d in backend.reports[-1].decisions if d.task is not None]
+    assert decisions, "no subgraph reached the dispatcher"
+    pointwise = [d for d in decisions if d.task.kind == "pointwise"]
+    assert pointwise and all(not d.reason.startswith("no candidate") for d in pointwise), \
+        [d.reason for d in pointwise]
+    for d in pointwise:
+        if d.winner_key:
+            assert runtime.registered(d.winner_key).calls >= 1
+    # A second compile finds every result in the cache and searches nothing.
+    start = time.monotonic()
+    torch._dynamo.reset()
+    with torch.no_grad():
+        again = torch.compile(model, backend="cuda_agent", options={"mode": "cached"})(x, y)
+    assert_close_lists(list(again), list(expected), 1e-4, 1e-4, "cached output")
+    assert all(not d.reason.startswith("no cached") for d in backend.reports[-1].decisions), \
+        [d.reason for d in backend.reports[-1].decisions]
+    print(f"cached recompile took {time.monotonic() - start:.1f} s;",
+          [d.reason for d in backend.reports[-1].decisions])
