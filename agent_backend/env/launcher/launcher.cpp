@@ -1,0 +1,304 @@
+// The fast path's launcher: loads CUBINs into the current CUDA context and launches their
+// kernels on a given stream, with arguments packed from a Python sequence in one call.
+//
+// It reaches the driver through dlopen("libcuda.so.1") on first use, so it builds without CUDA
+// headers or libraries and imports on machines without a GPU.
+#include <pybind11/pybind11.h>
+
+#include <dlfcn.h>
+
+#include <cstdint>
+#include <limits>
+#include <stdexcept>
+#include <string>
+
+namespace py = pybind11;
+
+namespace {
+
+// The driver types and entry points used, as cuda.h declares them (stable ABI since CUDA 4).
+using CUresult = int;
+using CUdevice = int;
+using CUcontext = void*;
+using CUmodule = void*;
+using CUfunction = void*;
+using CUstream = void*;
+constexpr CUresult CUDA_SUCCESS = 0;
+constexpr CUresult CUDA_ERROR_NOT_FOUND = 500;
+constexpr int CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8;
+// Dynamic shared memory a kernel may use before its limit must be raised.
+constexpr unsigned kDefaultSharedMemLimit = 48 * 1024;
+constexpr size_t kMaxArgs = 256;
+
+struct Driver {
+  CUresult (*cuGetErrorString)(CUresult, const char**);
+  CUresult (*cuCtxGetCurrent)(CUcontext*);
+  CUresult (*cuCtxSetCurrent)(CUcontext);
+  CUresult (*cuDeviceGet)(CUdevice*, int);
+  CUresult (*cuDevicePrimaryCtxRetain)(CUcontext*, CUdevice);
+  CUresult (*cuModuleLoadData)(CUmodule*, const void*);
+  CUresult (*cuModuleGetFunction)(CUfunction*, CUmodule, const char*);
+  CUresult (*cuFuncSetAttribute)(CUfunction, int, int);
+  CUresult (*cuLaunchKernel)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
+                             unsigned, CUstream, void**, void**);
+};
+
+template <typename F>
+void bind_symbol(void* library, const char* name, F& out) {
+  void* symbol = dlsym(library, name);
+  if (symbol == nullptr) {
+    throw std::runtime_error(std::string("the CUDA driver (libcuda.so.1) has no ") + name);
+  }
+  out = reinterpret_cast<F>(symbol);
+}
+
+Driver load_driver() {
+  void* library = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+  if (library == nullptr) {
+    const char* why = dlerror();
+    throw std::runtime_error(std::string("cannot load the CUDA driver (libcuda.so.1): ") +
+                             (why ? why : "not found") + "; is this a machine with an NVIDIA GPU?");
+  }
+  Driver d{};
+  bind_symbol(library, "cuGetErrorString", d.cuGetErrorString);
+  bind_symbol(library, "cuCtxGetCurrent", d.cuCtxGetCurrent);
+  bind_symbol(library, "cuCtxSetCurrent", d.cuCtxSetCurrent);
+  bind_symbol(library, "cuDeviceGet", d.cuDeviceGet);
+  bind_symbol(library, "cuDevicePrimaryCtxRetain", d.cuDevicePrimaryCtxRetain);
+  bind_symbol(library, "cuModuleLoadData", d.cuModuleLoadData);
+  bind_symbol(library, "cuModuleGetFunction", d.cuModuleGetFunction);
+  bind_symbol(library, "cuFuncSetAttribute", d.cuFuncSetAttribute);
+  bind_symbol(library, "cuLaunchKernel", d.cuLaunchKernel);
+  return d;
+}
+
+// Loaded on first use; a failed load throws and is tried again on the next call.
+const Driver& driver() {
+  static const Driver d = load_driver();
+  return d;
+}
+
+void check(CUresult status, const std::string& call) {
+  if (status == CUDA_SUCCESS) return;
+  const char* text = nullptr;
+  if (driver().cuGetErrorString(status, &text) != CUDA_SUCCESS || text == nullptr) text = "unknown error";
+  throw std::runtime_error(call + " failed: " + text + " (CUDA error " + std::to_string(status) + ")");
+}
+
+// Modules load into the calling thread's context: torch's, once it has touched the GPU.
+// Otherwise take the device's primary context, the one torch uses too.
+void ensure_context(const Driver& d, int device) {
+  CUcontext context = nullptr;
+  check(d.cuCtxGetCurrent(&context), "cuCtxGetCurrent");
+  if (context != nullptr) return;
+  CUdevice handle = 0;
+  check(d.cuDeviceGet(&handle, device), "cuDeviceGet");
+  check(d.cuDevicePrimaryCtxRetain(&context, handle), "cuDevicePrimaryCtxRetain");
+  check(d.cuCtxSetCurrent(context), "cuCtxSetCurrent");
+}
+
+uintptr_t load_module(py::bytes image, int device) {
+  const Driver& d = driver();
+  ensure_context(d, device);
+  CUmodule module = nullptr;
+  check(d.cuModuleLoadData(&module, PyBytes_AS_STRING(image.ptr())), "cuModuleLoadData");
+  return reinterpret_cast<uintptr_t>(module);
+}
+
+uintptr_t get_function(uintptr_t module, const std::string& name) {
+  const Driver& d = driver();
+  CUfunction function = nullptr;
+  CUresult status = d.cuModuleGetFunction(&function, reinterpret_cast<CUmodule>(module), name.c_str());
+  if (status == CUDA_ERROR_NOT_FOUND) {
+    throw py::value_error("no kernel named '" + name + "' in the compiled module; declare it extern \"C\" __global__");
+  }
+  check(status, "cuModuleGetFunction('" + name + "')");
+  return reinterpret_cast<uintptr_t>(function);
+}
+
+// Python integer -> C integer, without accepting floats; false (error cleared) if impossible.
+bool to_long_long(PyObject* obj, long long& out) {
+  PyObject* index = PyNumber_Index(obj);
+  if (index == nullptr) {
+    PyErr_Clear();
+    return false;
+  }
+  out = PyLong_AsLongLong(index);
+  Py_DECREF(index);
+  if (out == -1 && PyErr_Occurred()) {
+    PyErr_Clear();
+    return false;
+  }
+  return true;
+}
+
+struct Dim3 {
+  unsigned x = 1, y = 1, z = 1;
+};
+
+// grid and block: an int, or a sequence of 1 to 3 ints, each at least 1.
+Dim3 to_dim3(py::handle value, const char* what) {
+  long long sizes[3] = {1, 1, 1};
+  bool ok = true;
+  if (PyIndex_Check(value.ptr())) {
+    ok = to_long_long(value.ptr(), sizes[0]);
+  } else {
+    py::object seq = py::reinterpret_steal<py::object>(PySequence_Fast(value.ptr(), ""));
+    if (!seq) PyErr_Clear();
+    const long long count = seq ? PySequence_Fast_GET_SIZE(seq.ptr()) : 0;
+    ok = count >= 1 && count <= 3;
+    for (long long i = 0; ok && i < count; ++i) {
+      ok = to_long_long(PySequence_Fast_GET_ITEM(seq.ptr(), i), sizes[i]);
+    }
+  }
+  const long long limit = std::numeric_limits<unsigned>::max();
+  for (long long size : sizes) ok = ok && size >= 1 && size <= limit;
+  if (!ok) {
+    throw py::value_error(std::string(what) + " must be a positive int or a tuple of 1 to 3 positive ints, got " +
+                          py::repr(value).cast<std::string>());
+  }
+  return Dim3{static_cast<unsigned>(sizes[0]), static_cast<unsigned>(sizes[1]), static_cast<unsigned>(sizes[2])};
+}
+
+const char* type_name(char code) {
+  switch (code) {
+    case 'p': return "ptr";
+    case 'i': return "i32";
+    case 'l': return "i64";
+    case 'f': return "f32";
+    case 'd': return "f64";
+  }
+  return nullptr;
+}
+
+[[noreturn]] void bad_argument(size_t index, char code, PyObject* obj, const std::string& why) {
+  throw py::type_error("argument " + std::to_string(index) + " (" + type_name(code) + ") " + why + ", got " +
+                       py::repr(obj).cast<std::string>().substr(0, 80));
+}
+
+// A tensor's device address, refusing objects the GPU cannot read through.
+void* tensor_address(PyObject* obj, size_t index, char code) {
+  static PyObject* const is_cuda_name = PyUnicode_InternFromString("is_cuda");
+  static PyObject* const data_ptr_name = PyUnicode_InternFromString("data_ptr");
+  py::object is_cuda = py::reinterpret_steal<py::object>(PyObject_GetAttr(obj, is_cuda_name));
+  if (!is_cuda) {
+    PyErr_Clear();
+    bad_argument(index, code, obj, "must be a torch.Tensor or an int address");
+  }
+  if (is_cuda.ptr() != Py_True) bad_argument(index, code, obj, "must be a CUDA tensor");
+  py::object address = py::reinterpret_steal<py::object>(PyObject_CallMethodNoArgs(obj, data_ptr_name));
+  if (!address) throw py::error_already_set();
+  return PyLong_AsVoidPtr(address.ptr());
+}
+
+// One kernel argument, stored where cuLaunchKernel reads it through kernelParams.
+union ArgValue {
+  void* ptr;
+  int32_t i32;
+  int64_t i64;
+  float f32;
+  double f64;
+};
+
+void pack(char code, PyObject* obj, size_t index, ArgValue& out) {
+  long long integer = 0;
+  switch (code) {
+    case 'p':
+      if (PyLong_Check(obj)) {
+        if (!to_long_long(obj, integer)) bad_argument(index, code, obj, "must fit in 64 bits");
+        out.ptr = reinterpret_cast<void*>(static_cast<uintptr_t>(integer));
+      } else {
+        out.ptr = tensor_address(obj, index, code);
+      }
+      return;
+    case 'i':
+      if (!to_long_long(obj, integer) || integer < std::numeric_limits<int32_t>::min() ||
+          integer > std::numeric_limits<int32_t>::max()) {
+        bad_argument(index, code, obj, "must be an int that fits in 32 bits");
+      }
+      out.i32 = static_cast<int32_t>(integer);
+      return;
+    case 'l':
+      if (!to_long_long(obj, integer)) bad_argument(index, code, obj, "must be an int that fits in 64 bits");
+      out.i64 = integer;
+      return;
+    case 'f':
+    case 'd': {
+      double real = PyFloat_AsDouble(obj);
+      if (real == -1.0 && PyErr_Occurred()) {
+        PyErr_Clear();
+        bad_argument(index, code, obj, "must be a float");
+      }
+      if (code == 'f') out.f32 = static_cast<float>(real);
+      else out.f64 = real;
+      return;
+    }
+  }
+}
+
+class Function {
+ public:
+  Function(uintptr_t handle, std::string name, std::string arg_codes)
+      : function_(reinterpret_cast<CUfunction>(handle)), name_(std::move(name)), arg_codes_(std::move(arg_codes)) {
+    if (arg_codes_.size() > kMaxArgs) throw py::value_error("a kernel takes at most " + std::to_string(kMaxArgs) + " arguments");
+    for (char code : arg_codes_) {
+      if (type_name(code) == nullptr) throw py::value_error(std::string("unknown argument type code '") + code + "'");
+    }
+  }
+
+  void launch(py::handle grid, py::handle block, py::handle args, unsigned shared_mem, uintptr_t stream) {
+    const Dim3 g = to_dim3(grid, "grid");
+    const Dim3 b = to_dim3(block, "block");
+    py::object seq = py::reinterpret_steal<py::object>(PySequence_Fast(args.ptr(), "args must be a list or tuple"));
+    if (!seq) throw py::error_already_set();
+    const size_t count = static_cast<size_t>(PySequence_Fast_GET_SIZE(seq.ptr()));
+    if (count != arg_codes_.size()) {
+      throw py::type_error("kernel '" + name_ + "' takes " + std::to_string(arg_codes_.size()) + " arguments, got " +
+                           std::to_string(count));
+    }
+    ArgValue values[kMaxArgs];
+    void* params[kMaxArgs];
+    PyObject** items = PySequence_Fast_ITEMS(seq.ptr());
+    for (size_t i = 0; i < count; ++i) {
+      pack(arg_codes_[i], items[i], i, values[i]);
+      params[i] = &values[i];
+    }
+    const Driver& d = driver();
+    if (shared_mem > shared_mem_limit_) {
+      check(d.cuFuncSetAttribute(function_, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, static_cast<int>(shared_mem)),
+            "cuFuncSetAttribute(max dynamic shared memory = " + std::to_string(shared_mem) + ")");
+      shared_mem_limit_ = shared_mem;
+    }
+    check(d.cuLaunchKernel(function_, g.x, g.y, g.z, b.x, b.y, b.z, shared_mem, reinterpret_cast<CUstream>(stream),
+                           params, nullptr),
+          "cuLaunchKernel('" + name_ + "')");
+  }
+
+  const std::string& name() const { return name_; }
+  const std::string& arg_codes() const { return arg_codes_; }
+
+ private:
+  CUfunction function_;
+  std::string name_;
+  std::string arg_codes_;
+  unsigned shared_mem_limit_ = kDefaultSharedMemLimit;
+};
+
+}  // namespace
+
+PYBIND11_MODULE(_cuda_agent_launcher, m) {
+  m.doc() = "Loads CUBINs and launches their kernels through the CUDA driver, found at run time.";
+  m.def("load_module", &load_module, py::arg("image"), py::arg("device"),
+        "Load a CUBIN into the current context (or device's primary one); returns the module handle.");
+  m.def("get_function", &get_function, py::arg("module"), py::arg("name"),
+        "The handle of the extern \"C\" kernel `name` in a loaded module.");
+  // module_local: two copies of the launcher (two cache roots) may load into one process.
+  py::class_<Function>(m, "Function", py::module_local())
+      .def(py::init<uintptr_t, std::string, std::string>(), py::arg("handle"), py::arg("name"), py::arg("arg_codes"))
+      .def("launch", &Function::launch, py::arg("grid"), py::arg("block"), py::arg("args"), py::arg("shared_mem"),
+           py::arg("stream"),
+           "Launch on `stream` (a raw cudaStream_t as int); args packed by arg_codes: "
+           "p=pointer (tensor or int), i=int32, l=int64, f=float32, d=float64.")
+      .def_property_readonly("name", &Function::name)
+      .def_property_readonly("arg_codes", &Function::arg_codes);
+}
