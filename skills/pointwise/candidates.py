@@ -1,0 +1,148 @@
+"""PointwisePlan -> Candidates: one ModelNew program per launch configuration worth trying."""
+from __future__ import annotations
+
+import inspect
+import string
+from dataclasses import dataclass
+
+from agent_backend.specs import Candidate
+
+from .codegen import is_vector_access, kernel_source
+from .plan import PointwisePlan
+
+TYPICAL_SM_COUNT = 132  # H100/H200; used only to drop configs that would launch like another
+
+
+@dataclass(frozen=True)
+class LaunchConfig:
+    block: int                # threads per block
+    unroll: int               # element groups (vectors) each thread takes per loop step
+    waves: int | None = None  # None: a grid covering every group once; else at most this many full waves
+
+    def tag(self, width: int) -> str:
+        return f"b{self.block}u{self.unroll}v{width}" + (f"w{self.waves}" if self.waves else "")
+
+
+SEARCH_SPACE = (
+    LaunchConfig(128, 1), LaunchConfig(256, 1), LaunchConfig(512, 1),
+    LaunchConfig(128, 4), LaunchConfig(256, 2), LaunchConfig(256, 4),
+    LaunchConfig(256, 1, waves=8), LaunchConfig(512, 2, waves=4),
+)
+
+
+def grid_blocks(groups: int, block: int, unroll: int, waves: int | None, sm_count: int) -> int:
+    """Blocks to launch: enough for every group once, capped at `waves` full waves of resident
+    blocks (2048 threads an SM) when `waves` is set; at least one, for a scalar tail."""
+    blocks = max(1, -(-groups // (block * unroll)))
+    if waves is not None:
+        blocks = min(blocks, waves * sm_count * (2048 // block))
+    return blocks
+
+
+def launch_configs(groups: int) -> list[LaunchConfig]:
+    """SEARCH_SPACE less configs that would launch exactly like an earlier one on a typical GPU,
+    or that would leave over half of a single block idle (the first config always stays)."""
+    chosen, launches = [], set()
+    for c in SEARCH_SPACE:
+        launch = (c.block, c.unroll, grid_blocks(groups, c.block, c.unroll, c.waves, TYPICAL_SM_COUNT))
+        if launch in launches or (chosen and c.block * c.unroll > 2 * groups):
+            continue
+        chosen.append(c)
+        launches.add(launch)
+    return chosen
+
+
+def propose_candidates(plan: PointwisePlan) -> list[Candidate]:
+    width = plan.vector_width
+    return [Candidate(model_source(plan, c), f"builtin:pointwise:{c.tag(width)}",
+                      {"block": c.block, "unroll": c.unroll, "waves": c.waves, "vector_width": width})
+            for c in launch_configs(plan.numel // width)]
+
+
+_MODEL = string.Template('''\
+import functools
+
+import torch
+import torch.nn as nn
+
+from agent_backend.env.fast_kernel import load_kernel
+
+# builtin:pointwise:$tag - one fused pointwise kernel, specialised to these signatures.
+INPUTS = $inputs  # (shape, stride, dtype) of each input
+OUTPUTS = $outputs
+BLOCK, UNROLL, WAVES = $block, $unroll, $waves
+KERNEL_NAME = "$name"
+ARG_TYPES = $arg_types
+
+MAIN_SOURCE = r\'\'\'$main_source\'\'\'
+MAIN_GROUPS = $main_groups
+# Bytes each input's data pointer must be a multiple of for MAIN's vector loads; where one is
+# not, FALLBACK (the same computation, one element per access) runs instead.
+MAIN_ALIGNMENT = $alignment
+FALLBACK_SOURCE = $fallback_source
+FALLBACK_GROUPS = $numel
+
+_main = load_kernel(MAIN_SOURCE, KERNEL_NAME, ARG_TYPES)
+
+
+@functools.lru_cache(maxsize=None)
+def _fallback():
+    return load_kernel(FALLBACK_SOURCE, KERNEL_NAME, ARG_TYPES)
+
+
+$grid_blocks
+
+@functools.lru_cache(maxsize=None)
+def _blocks(groups, device_index):
+    sm_count = torch.cuda.get_device_properties(device_index).multi_processor_count
+    return grid_blocks(groups, BLOCK, UNROLL, WAVES, sm_count)
+
+
+def _check(inputs):
+    device = inputs[0].device
+    for k, (t, (shape, stride, dtype)) in enumerate(zip(inputs, INPUTS)):
+        if (t.device.type != "cuda" or t.device != device or t.dtype != dtype or tuple(t.shape) != shape
+                or any(a != b for n, a, b in zip(shape, t.stride(), stride) if n != 1)):
+            raise ValueError(
+                f"input {k}: this kernel is specialised to CUDA tensors (all on one device) of shape "
+                f"{shape}, stride {stride}, dtype {dtype}; got {t.device} {tuple(t.shape)} {t.stride()} {t.dtype}")
+
+
+class ModelNew(nn.Module):
+    def forward(self, $params):
+        inputs = $inputs_tuple
+        _check(inputs)
+        device = inputs[0].device
+        outputs = [torch.empty_strided(shape, stride, dtype=dtype, device=device) for shape, stride, dtype in OUTPUTS]
+        if all(t.data_ptr() % a == 0 for t, a in zip(inputs, MAIN_ALIGNMENT)):
+            kernel, groups = _main, MAIN_GROUPS
+        else:
+            kernel, groups = _fallback(), FALLBACK_GROUPS
+        kernel.launch((_blocks(groups, device.index), 1, 1), (BLOCK, 1, 1), [*inputs, *outputs])
+        return $returned
+''')
+
+
+def model_source(plan: PointwisePlan, config: LaunchConfig) -> str:
+    """KernelBench-style ModelNew running `plan` with `config`, compiled at import."""
+    width = plan.vector_width
+    name = f"pointwise_{config.tag(width)}"
+    fallback = kernel_source(plan, name, config.block, config.unroll, 1) if width > 1 else None
+    alignment = tuple(width * op.spec.torch_dtype.itemsize if k in plan.reads and is_vector_access(op, width) else 1
+                      for k, op in enumerate(plan.inputs))
+    params = [f"in{k}" for k in range(len(plan.inputs))]
+    return _MODEL.substitute(
+        tag=config.tag(width), name=name, block=config.block, unroll=config.unroll, waves=config.waves,
+        inputs=_signatures(op.spec for op in plan.inputs), outputs=_signatures(op.spec for op in plan.outputs),
+        arg_types=["ptr"] * (len(plan.inputs) + len(plan.outputs)),
+        main_source=kernel_source(plan, name, config.block, config.unroll, width),
+        main_groups=plan.numel // width, alignment=alignment,
+        fallback_source=f"r'''{fallback}'''" if fallback else None, numel=plan.numel,
+        # the program carries grid_blocks' own source, so its grid is the one pruning assumed
+        grid_blocks=inspect.getsource(grid_blocks),
+        params=", ".join(params), inputs_tuple=f"({', '.join(params)}{',' if len(params) == 1 else ''})",
+        returned="outputs[0]" if len(plan.outputs) == 1 else "tuple(outputs)")
+
+
+def _signatures(specs) -> str:
+    return "[" + ", ".join(f"({s.shape}, {s.stride}, torch.{s.dtype})" for s in specs) + "]"

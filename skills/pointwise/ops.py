@@ -1,0 +1,276 @@
+"""ATen/prims op -> CUDA C expression, with eager's semantics (NaN propagation, special cases).
+
+Each rule renders one node from its arguments (`OpArgs`): tensor operands arrive as C
+expressions already in the op's compute type (fp32 for fp32/fp16/bf16, fp64 for fp64, bool),
+Python scalars as values the rule may inspect or turn into literals. The device functions the
+expressions call are in DEVICE_FUNCTIONS, written after PyTorch's CUDA kernels.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+
+from .dtypes import cast, dtype_info, literal
+from .errors import Unsupported
+
+aten, prims = torch.ops.aten, torch.ops.prims
+
+
+@dataclass(frozen=True)
+class Value:
+    """A tensor inside the kernel: the C variable holding it and its dtype."""
+
+    var: str
+    dtype: torch.dtype
+
+
+class OpArgs:
+    """One node's bound arguments as its rule sees them.
+
+    `args[name]` is C text in the compute type `ctype`; tensors whose dtype differs from the
+    op's computation dtype are rounded to it first when `round_operands` is set (eager casts
+    operands to the common dtype before computing, e.g. a 0-dim fp32 tensor in an fp16 op).
+    """
+
+    def __init__(self, bound: dict[str, Any], dtype: torch.dtype, round_operands: bool):
+        self.bound = bound
+        self.dtype = dtype
+        self.ctype = dtype_info(dtype).ctype
+        self.round_operands = round_operands
+
+    def __getitem__(self, name: str) -> str:
+        value = self.bound[name]
+        if not isinstance(value, Value):
+            return self.lit(value)
+        expr = cast(value.var, dtype_info(value.dtype).ctype, self.ctype)
+        if self.round_operands and value.dtype != self.dtype:
+            expr = dtype_info(self.dtype).round.format(expr)
+        return expr
+
+    def raw(self, name: str) -> Any:
+        return self.bound.get(name)
+
+    def bool(self, name: str) -> str:
+        value = self.bound[name]
+        if not isinstance(value, Value):
+            return literal(value, "bool")
+        return cast(value.var, dtype_info(value.dtype).ctype, "bool")
+
+    def lit(self, value: bool | int | float) -> str:
+        if not isinstance(value, (bool, int, float)):
+            raise Unsupported(f"argument {value!r} is not a number")
+        return literal(value, self.ctype)
+
+
+@dataclass(frozen=True)
+class OpRule:
+    # "float": result must be floating; operands computed in the result's dtype.
+    # "compare": operands computed in their promoted dtype; result is bool.
+    # "any": the op only selects or converts values, so rounding its result is enough.
+    kind: str
+    render: Callable[[OpArgs], str]
+
+
+def _call(fn: str, *names: str) -> Callable[[OpArgs], str]:
+    return lambda a: f"{fn}({', '.join(a[n] for n in names)})"
+
+
+def _infix(op: str) -> Callable[[OpArgs], str]:
+    return lambda a: f"({a['self']} {op} {a['other']})"
+
+
+def _scaled(a: OpArgs, name: str) -> str:
+    alpha = a.raw("alpha")
+    return a[name] if alpha in (None, 1) else f"({a[name]} * {a.lit(alpha)})"
+
+
+def _div(a: OpArgs) -> str:
+    mode = a.raw("rounding_mode")
+    if mode is None:
+        return f"({a['self']} / {a['other']})"
+    if mode == "trunc":
+        return f"pw_trunc({a['self']} / {a['other']})"
+    if mode == "floor":
+        return f"pw_div_floor({a['self']}, {a['other']})"
+    raise Unsupported(f"div rounding_mode {mode!r} not supported")
+
+
+def _pow_tensor_scalar(a: OpArgs) -> str:
+    # eager's special exponents (pow_out and the CUDA pow kernel), else pow()
+    x, e = a["self"], a.raw("exponent")
+    special = {0: a.lit(1), 1: x, 2: f"({x} * {x})", 3: f"({x} * {x} * {x})", 0.5: f"pw_sqrt({x})",
+               -0.5: f"pw_rsqrt({x})", -1: f"({a.lit(1)} / {x})", -2: f"({a.lit(1)} / ({x} * {x}))"}
+    return special.get(e, f"pw_pow({x}, {a.lit(e)})")
+
+
+def _clamp_scalar(low: str, high: str) -> Callable[[OpArgs], str]:
+    def render(a: OpArgs) -> str:
+        x = a["self"]
+        if a.raw(low) is not None:
+            x = f"pw_clamp_min({x}, {a[low]})"
+        if a.raw(high) is not None:
+            x = f"pw_clamp_max({x}, {a[high]})"
+        return x
+    return render
+
+
+def _clamp_tensor(a: OpArgs) -> str:
+    x = a["self"]
+    if a.raw("min") is not None:
+        x = f"pw_maximum({x}, {a['min']})"
+    if a.raw("max") is not None:
+        x = f"pw_minimum({x}, {a['max']})"
+    return x
+
+
+def _gelu(a: OpArgs) -> str:
+    approximate = a.raw("approximate")
+    if approximate not in ("none", "tanh"):
+        raise Unsupported(f"gelu approximate={approximate!r} not supported")
+    return f"pw_gelu{'_tanh' if approximate == 'tanh' else ''}({a['self']})"
+
+
+def _elu(a: OpArgs) -> str:
+    alpha, scale, input_scale = a.raw("alpha"), a.raw("scale"), a.raw("input_scale")
+    return f"pw_elu({a['self']}, {a.lit(alpha * scale)}, {a.lit(scale)}, {a.lit(input_scale)})"
+
+
+def _to_copy(a: OpArgs) -> str:
+    device = a.raw("device")
+    if device is not None and torch.device(device).type != "cuda":
+        raise Unsupported(f"_to_copy to device {device} not supported")
+    if a.raw("layout") not in (None, torch.strided):
+        raise Unsupported(f"_to_copy to layout {a.raw('layout')} not supported")
+    return a["self"]
+
+
+def _constant(name: str) -> Callable[[OpArgs], str]:
+    return lambda a: a.lit(a.raw(name))
+
+
+_UNARY_FLOAT = {
+    aten.abs.default: "pw_fabs", aten.sigmoid.default: "pw_sigmoid", aten.tanh.default: "pw_tanh",
+    aten.exp.default: "pw_exp", aten.expm1.default: "pw_expm1", aten.log.default: "pw_log",
+    aten.log1p.default: "pw_log1p", aten.log2.default: "pw_log2", aten.sqrt.default: "pw_sqrt",
+    aten.rsqrt.default: "pw_rsqrt", aten.erf.default: "pw_erf", aten.sin.default: "pw_sin",
+    aten.cos.default: "pw_cos", aten.sign.default: "pw_sign", aten.silu.default: "pw_silu",
+    aten.mish.default: "pw_mish", aten.hardsigmoid.default: "pw_hardsigmoid",
+    aten.hardswish.default: "pw_hardswish", aten.floor.default: "pw_floor", aten.ceil.default: "pw_ceil",
+    aten.trunc.default: "pw_trunc", aten.round.default: "pw_rint",
+}
+
+_COMPARISONS = {"lt": "<", "le": "<=", "gt": ">", "ge": ">=", "eq": "==", "ne": "!="}
+
+
+def _build_rules() -> dict[Any, OpRule]:
+    rules = {op: OpRule("float", _call(fn, "self")) for op, fn in _UNARY_FLOAT.items()}
+    for overload in ("Tensor", "Scalar"):  # a tensor or a Python scalar `other`
+        def get(name: str, suffix: str = "") -> Any:
+            return getattr(getattr(aten, name), overload + suffix)
+        rules[get("add")] = OpRule("float", lambda a: f"({a['self']} + {_scaled(a, 'other')})")
+        rules[get("sub")] = OpRule("float", lambda a: f"({a['self']} - {_scaled(a, 'other')})")
+        rules[get("rsub")] = OpRule("float", lambda a: f"({a['other']} - {_scaled(a, 'self')})")
+        rules[get("mul")] = OpRule("float", _infix("*"))
+        rules[get("div")] = OpRule("float", _div)
+        rules[get("div", "_mode")] = OpRule("float", _div)
+        for name, op in _COMPARISONS.items():
+            rules[get(name)] = OpRule("compare", _infix(op))
+    rules.update({
+        aten.neg.default: OpRule("float", lambda a: f"(-{a['self']})"),
+        aten.relu.default: OpRule("float", lambda a: f"pw_clamp_min({a['self']}, {a.lit(0)})"),
+        aten.reciprocal.default: OpRule("float", lambda a: f"({a.lit(1)} / {a['self']})"),
+        aten.pow.Tensor_Scalar: OpRule("float", _pow_tensor_scalar),
+        aten.pow.Tensor_Tensor: OpRule("float", _call("pw_pow", "self", "exponent")),
+        aten.pow.Scalar: OpRule("float", _call("pw_pow", "self", "exponent")),
+        aten.maximum.default: OpRule("float", _call("pw_maximum", "self", "other")),
+        aten.minimum.default: OpRule("float", _call("pw_minimum", "self", "other")),
+        aten.clamp.default: OpRule("float", _clamp_scalar("min", "max")),
+        aten.clamp.Tensor: OpRule("float", _clamp_tensor),
+        aten.clamp_min.default: OpRule("float", _call("pw_clamp_min", "self", "min")),
+        aten.clamp_min.Tensor: OpRule("float", _call("pw_maximum", "self", "min")),
+        aten.clamp_max.default: OpRule("float", _call("pw_clamp_max", "self", "max")),
+        aten.clamp_max.Tensor: OpRule("float", _call("pw_minimum", "self", "max")),
+        aten.hardtanh.default: OpRule("float", _clamp_scalar("min_val", "max_val")),
+        aten.gelu.default: OpRule("float", _gelu),
+        aten.leaky_relu.default: OpRule("float", _call("pw_leaky_relu", "self", "negative_slope")),
+        aten.elu.default: OpRule("float", _elu),
+        aten.softplus.default: OpRule("float", _call("pw_softplus", "self", "beta", "threshold")),
+        aten.where.self: OpRule("any", lambda a: f"({a.bool('condition')} ? {a['self']} : {a['other']})"),
+        aten.logical_not.default: OpRule("any", lambda a: f"(!{a.bool('self')})"),
+        aten.logical_and.default: OpRule("any", lambda a: f"({a.bool('self')} && {a.bool('other')})"),
+        aten.logical_or.default: OpRule("any", lambda a: f"({a.bool('self')} || {a.bool('other')})"),
+        aten.logical_xor.default: OpRule("any", lambda a: f"({a.bool('self')} != {a.bool('other')})"),
+        prims.convert_element_type.default: OpRule("any", lambda a: a["a"]),
+        aten._to_copy.default: OpRule("any", _to_copy),
+        aten.clone.default: OpRule("any", lambda a: a["self"]),
+        aten.scalar_tensor.default: OpRule("any", _constant("s")),
+        aten.full.default: OpRule("any", _constant("fill_value")),
+    })
+    return rules
+
+
+OP_RULES: dict[Any, OpRule] = _build_rules()
+
+
+# pw_<name>(float) and pw_<name>(double) overloads of CUDA's math library, so templates below
+# and rendered expressions work for both compute types. Precise versions: no fast-math.
+_MATH_UNARY = ("exp", "expm1", "log", "log1p", "log2", "sqrt", "rsqrt", "tanh", "erf", "sin", "cos",
+               "fabs", "floor", "ceil", "trunc", "rint")
+_MATH_BINARY = ("pow", "fmod", "copysign")
+
+
+def _math_overloads() -> str:
+    lines = []
+    for name in _MATH_UNARY:
+        for ctype, fn in (("float", f"{name}f"), ("double", name)):
+            lines.append(f"__device__ __forceinline__ {ctype} pw_{name}({ctype} x) {{ return {fn}(x); }}")
+    for name in _MATH_BINARY:
+        for ctype, fn in (("float", f"{name}f"), ("double", name)):
+            lines.append(f"__device__ __forceinline__ {ctype} pw_{name}({ctype} a, {ctype} b) {{ return {fn}(a, b); }}")
+    return "\n".join(lines)
+
+
+_TEMPLATES = r"""
+#define PW_T template <typename T> __device__ __forceinline__ T
+// NaN in either operand wins, as in eager maximum/minimum/clamp.
+PW_T pw_maximum(T a, T b) { return a != a ? a : (b != b ? b : (a > b ? a : b)); }
+PW_T pw_minimum(T a, T b) { return a != a ? a : (b != b ? b : (a < b ? a : b)); }
+PW_T pw_clamp_min(T x, T lo) { return x != x ? x : (x < lo ? lo : x); }
+PW_T pw_clamp_max(T x, T hi) { return x != x ? x : (x > hi ? hi : x); }
+PW_T pw_sign(T x) { return T((T(0) < x) - (x < T(0))); }
+PW_T pw_sigmoid(T x) { return T(1) / (T(1) + pw_exp(-x)); }
+PW_T pw_silu(T x) { return x / (T(1) + pw_exp(-x)); }
+PW_T pw_mish(T x) { return x * pw_tanh(pw_log1p(pw_exp(x))); }
+PW_T pw_gelu(T x) { return T(0.5) * x * (T(1) + pw_erf(x * T(0.70710678118654752440))); }
+PW_T pw_gelu_tanh(T x) {
+  const T inner = T(0.79788456080286535588) * (x + T(0.044715) * (x * x * x));
+  return T(0.5) * x * (T(1) + pw_tanh(inner));
+}
+PW_T pw_leaky_relu(T x, T slope) { return x > T(0) ? x : x * slope; }
+PW_T pw_elu(T x, T neg_coef, T pos_coef, T input_scale) {
+  return x <= T(0) ? pw_expm1(x * input_scale) * neg_coef : x * pos_coef;
+}
+PW_T pw_softplus(T x, T beta, T threshold) {
+  return x * beta > threshold ? x : pw_log1p(pw_exp(x * beta)) / beta;
+}
+// std::min(std::max(x, 0), 6) as eager writes it, so NaN propagates.
+PW_T pw_relu6(T x) { const T lo = x < T(0) ? T(0) : x; return T(6) < lo ? T(6) : lo; }
+PW_T pw_hardsigmoid(T x) { return pw_relu6(x + T(3)) * T(1.0 / 6.0); }
+PW_T pw_hardswish(T x) { return x * pw_relu6(x + T(3)) * T(1.0 / 6.0); }
+// c10's div_floor_floating: floor division that agrees with Python's // near integers.
+PW_T pw_div_floor(T a, T b) {
+  if (b == T(0)) return a / b;
+  const T mod = pw_fmod(a, b);
+  T div = (a - mod) / b;
+  if (mod != T(0) && (b < T(0)) != (mod < T(0))) div -= T(1);
+  if (div == T(0)) return pw_copysign(T(0), a / b);
+  T floordiv = pw_floor(div);
+  if (div - floordiv > T(0.5)) floordiv += T(1);
+  return floordiv;
+}
+#undef PW_T
+"""
+
+DEVICE_FUNCTIONS = _math_overloads() + "\n" + _TEMPLATES
