@@ -16,7 +16,7 @@ def verify_entry(entry) -> tuple[bool, str]:
     if task.inputs and task.inputs[0].device == "cuda" and not torch.cuda.is_available():
         return False, "not verified: no CUDA device here"
     from .dispatch import shared_environment
-    precision = {k: v for k, v in (entry.key or {}).get("precision", {}).items()} or None
-    env = shared_environment(None, precision or {})
+    # Verify at the precision the entry was keyed under, not this shell's settings.
+    env = shared_environment(None, (entry.key or {}).get("precision") or {})
     ev = env.evaluate(task, Candidate(entry.source, entry.origin), profile=False)
     return ev.status == "passed", ev.reason or ev.status

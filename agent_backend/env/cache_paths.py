@@ -5,14 +5,8 @@ import os
 import tempfile
 from pathlib import Path
 
-
-def cache_root() -> Path:
-    """$CUDA_AGENT_CACHE_DIR, else $XDG_CACHE_HOME/cuda_agent, else ~/.cache/cuda_agent."""
-    explicit = os.environ.get("CUDA_AGENT_CACHE_DIR")
-    if explicit:
-        return Path(explicit).expanduser()
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    return (Path(xdg).expanduser() if xdg else Path.home() / ".cache") / "cuda_agent"
+# Build artifacts (cubins, the launcher, extensions) live beside the kernel cache.
+from kernel_cache.layers import default_cache_dir as cache_root  # noqa: F401
 
 
 def atomic_write_bytes(path: Path, data: bytes) -> None:
