@@ -15,11 +15,11 @@ from .specs import Task
 log = logging.getLogger("cuda_agent")
 
 
-def precision_settings(settings: Settings) -> dict:
-    """The precision the reference runs at; part of the cache key and given to the verifier."""
+def user_precision(settings: Settings) -> dict:
+    """The precision the user's program runs at: part of the cache key, and what the verifier
+    runs the reference, Inductor and the candidate under (env/results.py DEFAULT_PRECISION)."""
     return {
         "allow_tf32": bool(torch.backends.cuda.matmul.allow_tf32),
-        "cudnn_allow_tf32": bool(torch.backends.cudnn.allow_tf32),
         "matmul_precision": torch.get_float32_matmul_precision(),
         "allow_reduced_precision": settings.allow_reduced_precision,
     }
@@ -28,19 +28,20 @@ def precision_settings(settings: Settings) -> dict:
 _environments: dict = {}
 
 
-def shared_environment(devices, precision: dict):
-    """One worker pool per (devices, precision) for the whole process: workers are slow to start."""
+def shared_environment(devices, precision: dict, min_speedup: float = 1.05):
+    """One worker pool per (devices, precision, bar to win) for the whole process: workers are slow to start."""
     from .env import Environment
-    key = (devices, tuple(sorted(precision.items())))
+    key = (devices, tuple(sorted(precision.items())), min_speedup)
     if key not in _environments:
-        _environments[key] = Environment(devices=list(devices) if devices else None, precision=precision)
+        _environments[key] = Environment(devices=list(devices) if devices else None, precision=precision,
+                                         min_speedup=min_speedup)
     return _environments[key]
 
 
 class Dispatcher:
     def __init__(self, settings: Settings):
         self.settings = settings
-        self.precision = precision_settings(settings)
+        self.precision = user_precision(settings)
         self._cache = None
         self._announced_search = False
 
@@ -87,18 +88,18 @@ class Dispatcher:
                         "each); results are cached, and options={'mode': 'cached'} skips the search",
                         self.settings.search_budget_s)
             self._announced_search = True
-        env = shared_environment(self.settings.devices, self.precision)
+        env = shared_environment(self.settings.devices, self.precision, self.settings.min_speedup)
         return search_task(task, env, make_policy(self.settings), budget_s=self.settings.search_budget_s,
-                           max_candidates=self.settings.max_candidates, min_speedup=self.settings.min_speedup)
+                           max_candidates=self.settings.max_candidates)
 
     def _reverify(self, task: Task, key, entry, layer: str):
         """An untrusted team entry runs here only after it passes verification on this GPU."""
         from .specs import Candidate
         if task.inputs[0].device != "cuda" or not torch.cuda.is_available():
             return None
-        env = shared_environment(self.settings.devices, self.precision)
+        env = shared_environment(self.settings.devices, self.precision, self.settings.min_speedup)
         ev = env.evaluate(task, Candidate(entry.source, entry.origin))
-        if ev.status != "passed" or not ev.profile or ev.profile["speedup_vs_inductor"] <= self.settings.min_speedup:
+        if ev.status != "passed" or not ev.profile or not ev.profile["wins"]:
             log.info("cuda_agent: %s entry %s rejected here: %s", layer, key.digest[:12], ev.reason or "not faster")
             return None
         entry.timings = dict(ev.profile)

@@ -24,7 +24,7 @@ def _provenance(policy_name: str) -> dict:
             "version": __version__}
 
 
-def search_task(task: Task, env, policy, *, budget_s: float, max_candidates: int, min_speedup: float) -> Entry:
+def search_task(task: Task, env, policy, *, budget_s: float, max_candidates: int) -> Entry:
     """Run the loop and return the entry to cache (never raises for a bad candidate)."""
     start = time.monotonic()
     feedback: list = []
@@ -41,7 +41,7 @@ def search_task(task: Task, env, policy, *, budget_s: float, max_candidates: int
         for cand, ev in zip(candidates, results):
             evaluated += 1
             log.info("  %s: %s%s", cand.origin, ev.status,
-                     f" {_median_ms(ev, 'ours'):.4f} ms vs Inductor {_median_ms(ev, 'inductor'):.4f} ms"
+                     f" {_median_ms(ev, 'ours'):.4f} ms, {ev.profile['speedup_vs_inductor'] or 0:.2f}x Inductor"
                      if ev.status == "passed" and ev.profile else f" ({ev.reason})")
             if ev.status == "passed" and ev.profile and (
                     best is None or _median_ms(ev, "ours") < _median_ms(best[1], "ours")):
@@ -61,8 +61,10 @@ def search_task(task: Task, env, policy, *, budget_s: float, max_candidates: int
     cand, ev = best
     timings = dict(ev.profile, search_s=elapsed, evaluated=evaluated)
     speedup = ev.profile["speedup_vs_inductor"]
-    if speedup > min_speedup:
+    if ev.profile["wins"]:  # faster than Inductor by more than the environment's min_speedup
         outcome, reason = "kernel", f"{speedup:.2f}x faster than Inductor ({cand.origin})"
+    elif speedup is None:
+        outcome, reason = "inductor", f"not timed against Inductor: {ev.profile.get('note', 'no Inductor time')}"
     else:
         outcome, reason = "inductor", f"Inductor wins: best candidate {speedup:.2f}x of Inductor's speed"
     return Entry(outcome=outcome, reason=reason, source=cand.source if outcome == "kernel" else None,

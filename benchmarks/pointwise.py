@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from agent_backend.dispatch import precision_settings, shared_environment
+from agent_backend.dispatch import user_precision, shared_environment
 from agent_backend.explain import tasks_of, trace_tasks
 from agent_backend.options import resolve
 from agent_backend.policies.builtin import BuiltinPolicy
@@ -78,7 +78,7 @@ def main() -> int:
         print("needs a CUDA GPU")
         return 1
     settings = resolve({})
-    env = shared_environment(None, precision_settings(settings))
+    env = shared_environment(None, user_precision(settings), settings.min_speedup)
     policy = BuiltinPolicy()
     copy_gbs = copy_bandwidth_gbs()
     rows = []
@@ -87,10 +87,9 @@ def main() -> int:
             continue
         tasks = [t for t in tasks_of(trace_tasks(_Fn(fn), inputs, backward=False)) if t.kind == "pointwise"]
         task = max(tasks, key=lambda t: len(t.ops))
-        entry = search_task(task, env, policy, budget_s=600, max_candidates=settings.max_candidates,
-                            min_speedup=settings.min_speedup)
+        entry = search_task(task, env, policy, budget_s=600, max_candidates=settings.max_candidates)
         row = {"case": name, "ops": len(task.ops), "outcome": entry.outcome, "reason": entry.reason}
-        if entry.timings.get("ours_ms"):
+        if entry.timings.get("ours_ms") and entry.timings.get("inductor_ms"):
             t = entry.timings
             nbytes = sum(math.prod(s.shape) * torch.empty(0, dtype=s.torch_dtype).element_size()
                          for s in task.inputs + task.outputs)

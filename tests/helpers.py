@@ -5,14 +5,14 @@ import torch
 
 
 def _outputs(out) -> list[torch.Tensor]:
+    """The tensors in a nested output (tuples, lists, transformers ModelOutputs, caches)."""
     if isinstance(out, torch.Tensor):
         return [out]
     if hasattr(out, "to_tuple"):  # transformers ModelOutput
         out = out.to_tuple()
-    flat = []
-    for o in out:
-        flat.extend(_outputs(o) if not isinstance(o, torch.Tensor) else [o])
-    return flat
+    if not isinstance(out, (list, tuple)):
+        return []
+    return [t for o in out for t in _outputs(o)]
 
 
 def run_fwd_bwd(model, inputs, compile_backend=None, options=None):

@@ -8,7 +8,7 @@ import torch.nn as nn
 from torch._inductor.utils import run_and_get_code
 
 from agent_backend import backend, runtime
-from agent_backend.dispatch import precision_settings
+from agent_backend.dispatch import user_precision
 from agent_backend.options import resolve
 from helpers import assert_close_lists, collect_tasks, run_fwd_bwd
 from models import model_set
@@ -67,7 +67,7 @@ def test_supplied_cuda_winner_is_dispatched(cache_dir):
     model, x = Net().cuda(), torch.randn(32, 64, device="cuda")
     tasks = collect_tasks(model, [x.clone().requires_grad_()], backward=True, min_ops=1)
     task = next(t for t in tasks if t.ops == ("aten.sigmoid.default", "aten.mul.Tensor", "aten.add.Tensor"))
-    key = make_key(task.hash, task.inputs, "cuda", precision_settings(resolve({})))
+    key = make_key(task.hash, task.inputs, "cuda", user_precision(resolve({})))
     cache = KernelCache.open()
     cache.put(key, Entry(outcome="kernel", reason="test", source=SWISH_BIAS_CUDA, origin="test", binaries={},
                          launch={}, timings={}, verification={}, provenance={}, task=task.to_json(),

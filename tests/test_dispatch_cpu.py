@@ -7,7 +7,7 @@ import torch.nn as nn
 from torch._inductor.utils import run_and_get_code
 
 from agent_backend import backend, runtime
-from agent_backend.dispatch import precision_settings
+from agent_backend.dispatch import user_precision
 from agent_backend.options import resolve
 from agent_backend.specs import Candidate
 from helpers import assert_close_lists, collect_tasks, run_fwd_bwd
@@ -45,7 +45,7 @@ def _swish_task(model, x):
 def _put_winner(task, source):
     from kernel_cache import Entry, KernelCache, make_key
     settings = resolve({})
-    key = make_key(task.hash, task.inputs, "cpu", precision_settings(settings))
+    key = make_key(task.hash, task.inputs, "cpu", user_precision(settings))
     entry = Entry(outcome="kernel", reason="supplied by a test", source=source, origin="test", binaries={},
                   launch={}, timings={}, verification={}, provenance={"policy": "test"}, task=task.to_json(),
                   key=key.to_json(), last_used=time.time(), created=time.time(), format_version=1, signature=None)

@@ -1,0 +1,124 @@
+"""Tensor comparisons of verification: values within tolerance, bitwise equality, memory overlap.
+
+Pure functions of tensors, so they are tested in-process on the CPU. Messages are written for
+a model to act on: which output, how many elements, the worst one with its index and values.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from agent_backend.env.results import fp32_matmul_reduced
+
+# allclose-style atol = rtol by dtype: fp32 as KernelBench uses today; fp16/bf16 are looser
+# because one ulp of bf16 is already 0.4%.
+_TOLERANCE = {torch.float64: 1e-7, torch.float32: 1e-4, torch.float16: 1e-2, torch.bfloat16: 1e-2}
+# fp32 when the user allows TF32 (10-bit mantissa, like fp16) for matmuls.
+_REDUCED_FP32_TOLERANCE = 1e-2
+
+
+def tolerance(dtype: torch.dtype, precision: dict) -> float:
+    if dtype == torch.float32 and fp32_matmul_reduced(precision):
+        return _REDUCED_FP32_TOLERANCE
+    return _TOLERANCE.get(dtype, 0.0)  # bool: exact
+
+
+@dataclass
+class ValueCheck:
+    problem: str | None  # None when every element is within tolerance
+    max_abs_err: float
+    max_rel_err: float
+
+
+def _fmt(x: float) -> str:
+    return f"{x:.6g}"
+
+
+def compare_values(index: int, got: torch.Tensor, expected: torch.Tensor, tol: float) -> ValueCheck:
+    """Elementwise |got - expected| <= tol + tol * |expected|. A non-finite value where the
+    reference is finite never passes; where the reference is non-finite, the same value (NaN,
+    +Inf or -Inf) is required. Shapes and dtypes must already agree."""
+    numel = expected.numel()
+    if expected.dtype == torch.bool:
+        bad = got != expected
+        err = bad.to(torch.float64)
+        max_abs = max_rel = float(err.max()) if numel else 0.0
+    else:
+        a, b = got.to(torch.float64), expected.to(torch.float64)
+        err = (a - b).abs()
+        both_finite = torch.isfinite(a) & torch.isfinite(b)
+        within = both_finite & (err <= tol + tol * b.abs())
+        same_non_finite = ~torch.isfinite(b) & ((torch.isnan(a) & torch.isnan(b)) | (a == b))
+        bad = ~(within | same_non_finite)
+        finite_err = torch.where(both_finite, err, torch.zeros_like(err))
+        max_abs = float(finite_err.max()) if numel else 0.0
+        # Relative error only where the reference is not tiny, where it would say nothing.
+        large = both_finite & (b.abs() >= max(tol, 1e-12))
+        max_rel = float(torch.where(large, err / b.abs(), torch.zeros_like(err)).max()) if numel else 0.0
+    n_bad = int(bad.sum())
+    if n_bad == 0:
+        return ValueCheck(None, max_abs, max_rel)
+    # Report the worst element; a non-finite one counts as the worst.
+    score = torch.where(bad, err.nan_to_num(nan=float("inf")), torch.full_like(err, -1.0))
+    flat = int(score.reshape(-1).argmax())
+    where = tuple(int(i) for i in torch.unravel_index(torch.tensor(flat), expected.shape))
+    g, e = got.reshape(-1)[flat].item(), expected.reshape(-1)[flat].item()
+    worst = "" if expected.dtype == torch.bool else f", max abs err {_fmt(float(err.reshape(-1)[flat]))}"
+    got_s, exp_s = (str(g), str(e)) if expected.dtype == torch.bool else (_fmt(g), _fmt(e))
+    problem = (f"output {index}: {n_bad} of {numel} elements differ{worst} at index {where}: "
+               f"got {got_s}, expected {exp_s}")
+    if expected.dtype != torch.bool:
+        problem += f" (atol = rtol = {tol:g})"
+    return ValueCheck(problem, max_abs, max_rel)
+
+
+def layout_problem(index: int, got: torch.Tensor, expected: torch.Tensor) -> str | None:
+    """Device, shape or dtype differences, which make values incomparable."""
+    if got.device != expected.device:
+        return f"output {index} is on {got.device}, expected {expected.device}"
+    if got.shape != expected.shape:
+        return f"output {index} has shape {tuple(got.shape)}, expected {tuple(expected.shape)}"
+    if got.dtype != expected.dtype:
+        return f"output {index} has dtype {got.dtype}, expected {expected.dtype}"
+    return None
+
+
+def stride_note(index: int, got: torch.Tensor, expected: torch.Tensor) -> str | None:
+    if got.dim() and got.stride() != expected.stride():
+        return f"output {index} has strides {got.stride()}, the reference {expected.stride()}"
+    return None
+
+
+_SAME_SIZE_INT = {8: torch.int64, 4: torch.int32, 2: torch.int16, 1: torch.uint8}
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    return t.view(_SAME_SIZE_INT[t.element_size()])
+
+
+def differing_elements(a: torch.Tensor, b: torch.Tensor) -> int:
+    """How many elements of two tensors of one shape and dtype differ in their bits (NaN equals
+    NaN, -0.0 differs from 0.0)."""
+    return int((_bits(a) != _bits(b)).sum())
+
+
+def bitwise_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return a.shape == b.shape and a.dtype == b.dtype and differing_elements(a, b) == 0
+
+
+def _memory_span(t: torch.Tensor) -> tuple[str, int, int]:
+    storage = t.untyped_storage()
+    return str(t.device), storage.data_ptr(), storage.data_ptr() + storage.nbytes()
+
+
+def share_memory(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether the storages behind two tensors overlap (a view, or the same buffer)."""
+    dev_a, start_a, end_a = _memory_span(a)
+    dev_b, start_b, end_b = _memory_span(b)
+    return dev_a == dev_b and start_a < end_a and start_b < end_b and start_a < end_b and start_b < end_a
+
+
+def overlapping_pairs(tensors: list[torch.Tensor]) -> set[tuple[int, int]]:
+    return {(i, j) for i in range(len(tensors)) for j in range(i + 1, len(tensors))
+            if share_memory(tensors[i], tensors[j])}

@@ -1,0 +1,307 @@
+"""The caller's side: one worker process per device, time limits per phase, verdicts.
+
+Workers are started lazily (importing torch takes seconds) and kept between requests; each
+serves one request at a time. A worker that runs past a phase's limit, dies (any exit code, a
+signal), breaks its CUDA context or may have been tampered with is killed with its whole
+process group (compilers it started included) and replaced; the evaluation then says
+"timeout" or "crash" and names the phase. The calling process never runs candidate code, never
+unpickles anything from a worker, and never waits past a limit.
+
+Workers are plain `subprocess` children running a fresh interpreter (no fork, so no inherited
+CUDA state), rather than multiprocessing's spawn, which would re-run the user's unguarded
+`__main__` module in every worker.
+"""
+from __future__ import annotations
+
+import json
+import os
+import queue
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import weakref
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from multiprocessing import Pipe
+from multiprocessing.connection import wait
+
+from agent_backend.env.results import Evaluation, Failure, Timeouts, precision_settings
+from agent_backend.specs import Candidate, Task
+
+DEFAULT_MIN_SPEEDUP = 1.05
+_PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+_LOG_TAIL_BYTES = 64 * 1024
+_WORKER_ENV = {
+    # One process compiles Inductor's reference: no pool of compile subprocesses to outlive a
+    # killed worker, and our subgraphs are small.
+    "TORCHINDUCTOR_COMPILE_THREADS": "1",
+    "PYTHONUNBUFFERED": "1",
+}
+
+
+def default_devices() -> list[str]:
+    import torch
+
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    return [f"cuda:{i}" for i in range(count)] or ["cpu"]
+
+
+@dataclass
+class Reply:
+    """A worker's answer, or why there is none (`failure`, after which the worker was replaced)."""
+
+    data: dict | None = None
+    failure: Failure | None = None
+
+
+_CANDIDATE_FRAME = re.compile(r'File "<candidate>", line (\d+) in (\S+)')
+
+
+def _where_in_candidate(log: str) -> str:
+    """'at <candidate> line N in f' from the innermost candidate frame faulthandler dumped."""
+    match = _CANDIDATE_FRAME.search(log)
+    return f" at <candidate> line {match.group(1)} in {match.group(2)}" if match else ""
+
+
+def _last_words(log: str) -> str:
+    """The line of the worker's output that best says why it died."""
+    match = re.search(r"^(Fatal Python error: .*|.*(?:CUDA error|terminate called).*)$", log, re.MULTILINE)
+    lines = [line.strip() for line in log.splitlines() if line.strip()]
+    words = match.group(1).strip() if match else (lines[-1] if lines else "")
+    return f"; its last output: {words[:300]}" if words else ""
+
+
+def _exit_description(returncode: int | None) -> str:
+    if returncode is None:
+        return "stopped answering"
+    if returncode < 0:
+        try:
+            return f"was killed by {signal.Signals(-returncode).name}"
+        except ValueError:
+            return f"was killed by signal {-returncode}"
+    return f"exited with code {returncode}"
+
+
+class WorkerHandle:
+    """One worker process for one device, from the caller's side."""
+
+    def __init__(self, device: str, log_dir: str, index: int):
+        self.device = device
+        self.log_path = os.path.join(log_dir, f"worker-{index}.log")
+        self.process: subprocess.Popen | None = None
+        self.conn = None
+        self.ready = False
+        self.prepared: set[str] = set()  # task hashes whose Inductor reference this worker compiled
+
+    def start(self) -> None:
+        parent_conn, child_conn = Pipe(duplex=True)
+        fd = child_conn.fileno()
+        with open(self.log_path, "ab") as log:
+            self.process = subprocess.Popen(
+                [sys.executable, "-c", "from agent_backend.env.worker import main; main()", str(fd), self.device,
+                 str(os.getpid())],
+                pass_fds=[fd], stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                start_new_session=True, cwd=_PACKAGE_ROOT, env=self._environment())
+        child_conn.close()
+        self.conn = parent_conn
+        self.ready = False
+        self.prepared = set()
+
+    @staticmethod
+    def _environment() -> dict:
+        path = os.pathsep.join(p for p in (_PACKAGE_ROOT, os.environ.get("PYTHONPATH")) if p)
+        return {**os.environ, **_WORKER_ENV, "PYTHONPATH": path}
+
+    def stop(self) -> None:
+        """Kill the worker and everything it started; never waits long."""
+        if self.process is not None:
+            try:
+                os.killpg(self.process.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                self.process.kill()
+            try:
+                self.process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                pass  # stuck in the driver; it is gone from our side, the kernel reaps it later
+        if self.conn is not None:
+            self.conn.close()
+        self.process, self.conn, self.ready = None, None, False
+
+    def restart(self) -> None:
+        self.stop()
+        self.start()
+
+    def _returncode(self) -> int | None:
+        """The exit status of a worker that closed its end; None if it does not exit soon."""
+        try:
+            return self.process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            return None
+
+    def _log_text(self) -> str:
+        try:
+            with open(self.log_path, "rb") as log:
+                log.seek(max(0, os.path.getsize(self.log_path) - _LOG_TAIL_BYTES))
+                return log.read().decode(errors="replace")
+        except OSError:
+            return ""
+
+    def _receive(self, timeout_s: float, phase: str) -> Reply:
+        """The next message, or a failure after which the worker has been replaced."""
+        if wait([self.conn], timeout_s):
+            try:
+                return Reply(json.loads(self.conn.recv_bytes()))
+            except (EOFError, OSError):
+                reason = f"the worker {_exit_description(self._returncode())} during {phase}"
+            except ValueError:
+                reason = f"the worker sent an unreadable reply during {phase}"
+            log = self._log_text()
+            failure = Failure("crash", reason + _where_in_candidate(log) + _last_words(log), restart=True)
+        else:
+            log = self._log_text()
+            failure = Failure("timeout", f"{phase} ran past its limit of {timeout_s:g} s{_where_in_candidate(log)}",
+                              restart=True)
+        self.restart()
+        return Reply(failure=failure)
+
+    def request(self, message: dict, timeout_s: float, phase: str, start_s: float) -> Reply:
+        if self.process is None:
+            self.start()
+        if not self.ready:
+            reply = self._receive(start_s, "the worker's start-up")
+            if reply.failure:
+                return reply
+            self.ready = True
+        os.truncate(self.log_path, 0)  # the log then holds this request's output only
+        try:
+            self.conn.send_bytes(json.dumps({**message, "timeout_s": timeout_s}).encode())
+        except OSError:  # died while idle, e.g. killed from outside: not this request's doing
+            self.restart()
+            return self.request(message, timeout_s, phase, start_s)
+        return self._receive(timeout_s, phase)
+
+
+def _kill_all(handles: list[WorkerHandle], log_dir: str) -> None:
+    for handle in handles:
+        handle.stop()
+    shutil.rmtree(log_dir, ignore_errors=True)
+
+
+class Environment:
+    """Compiles, verifies and profiles candidates in worker processes, one per device.
+
+    `evaluate` may be called from several threads at once; each call takes a free worker (or
+    waits for one). `evaluate_many` spreads candidates over all workers in parallel.
+    """
+
+    def __init__(self, devices: list[str] | None = None, timeouts: Timeouts | None = None,
+                 precision: dict | None = None, min_speedup: float = DEFAULT_MIN_SPEEDUP,
+                 build_root: str | None = None):
+        self.devices = list(devices) if devices else default_devices()
+        self.timeouts = timeouts or Timeouts()
+        self.precision = precision_settings(precision)
+        self.min_speedup = min_speedup
+        self.build_root = build_root
+        self._log_dir = tempfile.mkdtemp(prefix="cuda_agent_workers_")
+        self._handles = [WorkerHandle(device, self._log_dir, i) for i, device in enumerate(self.devices)]
+        self._free: queue.Queue[WorkerHandle] = queue.Queue()
+        for handle in self._handles:
+            self._free.put(handle)
+        self._start_lock = threading.Lock()
+        self._started = False
+        self._close = weakref.finalize(self, _kill_all, self._handles, self._log_dir)
+
+    def close(self) -> None:
+        self._close()
+
+    def __enter__(self) -> "Environment":
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()
+
+    def _start_all(self) -> None:
+        """On first use start every worker at once, so their slow start-ups overlap."""
+        with self._start_lock:
+            if not self._started:
+                for handle in self._handles:
+                    handle.start()
+                self._started = True
+
+    def evaluate(self, task: Task, candidate: Candidate, profile: bool = True) -> Evaluation:
+        if not self._close.alive:
+            raise RuntimeError("the environment is closed")
+        self._start_all()
+        handle = self._free.get()
+        try:
+            return _Evaluation(self, handle, task, candidate).run(profile)
+        finally:
+            self._free.put(handle)
+
+    def evaluate_many(self, task: Task, candidates: list[Candidate], profile: bool = True) -> list[Evaluation]:
+        with ThreadPoolExecutor(max_workers=len(self._handles)) as pool:
+            return list(pool.map(lambda c: self.evaluate(task, c, profile), candidates))
+
+
+class _Evaluation:
+    """The phases of one evaluation on one worker: prepare (Inductor, once per task and
+    worker), load, verify, profile."""
+
+    def __init__(self, env: Environment, handle: WorkerHandle, task: Task, candidate: Candidate):
+        self.env, self.handle, self.task, self.candidate = env, handle, task, candidate
+        self.restarted = False
+
+    def _call(self, message: dict, timeout_s: float, phase: str) -> Reply:
+        reply = self.handle.request(message, timeout_s, phase, self.env.timeouts.start_s)
+        if reply.failure:  # the handle has already replaced the worker
+            self.restarted = True
+        elif reply.data.get("restart"):  # the worker answered, but cannot be used any more
+            self.handle.restart()
+            self.restarted = True
+        return reply
+
+    def _verdict(self, status: str, reason: str = "", **fields) -> Evaluation:
+        return Evaluation(status=status, reason=reason, worker_restarted=self.restarted, device=self.handle.device,
+                          **fields)
+
+    def run(self, profile: bool) -> Evaluation:
+        timeouts, task_json = self.env.timeouts, self.task.to_json()
+        inductor_note = None
+        if profile and self.task.hash not in self.handle.prepared:
+            reply = self._call({"op": "prepare", "task": task_json, "precision": self.env.precision},
+                               timeouts.compile_s, "Inductor's compile of the task")
+            if reply.failure:
+                inductor_note = f"Inductor's reference is missing: {reply.failure.reason}"
+            elif reply.data["ok"]:
+                self.handle.prepared.add(self.task.hash)
+            else:
+                inductor_note = reply.data["error"]
+
+        reply = self._call({"op": "load", "task": task_json, "candidate": self.candidate.to_json(),
+                            "precision": self.env.precision, "build_root": self.env.build_root},
+                           timeouts.compile_s, "compile")
+        if reply.failure:
+            return self._verdict(reply.failure.status, reply.failure.reason)
+        compile_s = reply.data["compile_s"]
+        if reply.data["status"] != "loaded":
+            return self._verdict(reply.data["status"], reply.data["reason"], compile_s=compile_s)
+
+        reply = self._call({"op": "verify", "keep": profile}, timeouts.verify_s, "verify")
+        if reply.failure:
+            return self._verdict(reply.failure.status, reply.failure.reason, compile_s=compile_s)
+        verification = reply.data["verification"]
+        if reply.data["status"] != "passed" or not profile:
+            return self._verdict(reply.data["status"], reply.data["reason"], compile_s=compile_s,
+                                 verification=verification)
+
+        reply = self._call({"op": "profile", "min_speedup": self.env.min_speedup, "inductor_note": inductor_note},
+                           timeouts.profile_s, "profile")
+        if reply.failure:
+            return self._verdict(reply.failure.status, reply.failure.reason, compile_s=compile_s,
+                                 verification=verification)
+        return self._verdict(reply.data["status"], reply.data["reason"], compile_s=compile_s,
+                             verification=reply.data["verification"], profile=reply.data.get("profile"))

@@ -1,0 +1,185 @@
+"""Timing a verified candidate against Inductor and eager, in the same worker, on the same
+input sets, under the same precision settings.
+
+Contenders are timed in interleaved rounds (each round calls every contender once, in a
+rotating order, on the next of several input sets), after a warm-up, for an adaptive number of
+trials (about TARGET_TIMED_S of wall time per contender, at least MIN_TRIALS). Only timing
+primitives captured before any candidate ran are used.
+
+On CUDA each call is timed by events on the current stream: the L2 cache is flushed, a GPU
+sleep is queued that outlasts the host's work of launching the call, then come the start
+event, the call and the end event; then a device-wide synchronize and a "drained" event. The
+sleep keeps host overhead out of the window: torch.compile's per-call wrappers (guards,
+AOTAutograd) would otherwise count against Inductor, although in a compiled model they are paid
+once per graph, not per subgraph. end -> drained is the synchronize's latency plus any work the
+call left on other streams; its minimum over all calls of all contenders is the latency alone,
+so a call's time is start -> end plus its own end -> drained less that minimum: never less than
+its work on the current stream, and work on other streams counts. The host time of each call
+is reported beside it (`host_median`), for candidates bound by launch overhead.
+
+On the CPU, times are host times and include those wrappers, so a CPU profile never wins.
+
+After timing, the candidate is checked once more, on the last timed input tensors with new
+values, so a candidate that behaves only while being verified, or that replays cached results
+when inputs repeat, is caught.
+"""
+from __future__ import annotations
+
+import math
+import statistics
+from typing import Any, Callable, NamedTuple
+
+import torch
+
+from agent_backend.env.guards import REAL, StateWatch
+from agent_backend.env.results import Failure
+from agent_backend.env.verify import InputDraw, Verifier
+
+TARGET_TIMED_S = 0.3
+MIN_TRIALS = 20
+MAX_TRIALS = 500
+WARMUP_CALLS = 3
+INPUT_SETS = 4
+_POST_CHECK_DRAW = InputDraw(1.0, 0.25)
+_FALLBACK_FLUSH_BYTES = 256 * 2**20
+_WARMUP_COVER_MS = 1.0
+# Longer host work than this is not launch overhead (the call waits for the GPU, or works on
+# the host): it then shows in the window, as it should.
+_MAX_COVER_MS = 5.0
+
+
+class Timing(NamedTuple):
+    ms: float  # on CUDA: start -> end
+    host_ms: float  # the host's time inside the call
+    drain_ms: float = 0.0  # on CUDA: end -> drained
+
+
+class CudaTimer:
+    description = ("CUDA events; L2 flushed and the host's launch time hidden before each call; "
+                   "device-wide synchronize before the end event")
+    wins_allowed = True
+
+    def __init__(self, device: torch.device, cycles_per_ms: float):
+        self.stream = torch.cuda.current_stream(device)
+        l2_bytes = getattr(torch.cuda.get_device_properties(device), "L2_cache_size", 0)
+        flush_bytes = 2 * l2_bytes if l2_bytes else _FALLBACK_FLUSH_BYTES
+        self.flush_buffer = torch.empty(flush_bytes // 4, dtype=torch.int32, device=device)
+        self.start, self.end, self.drained = (REAL.cuda_event_type(enable_timing=True) for _ in range(3))
+        self.cycles_per_ms = cycles_per_ms
+        self.cover_ms = _WARMUP_COVER_MS
+
+    def fit_cover(self, host_ms: float) -> None:
+        """Fix the sleep before the start event for the timed calls, from the longest host time
+        of a warmed-up call: every contender is timed behind the same one."""
+        self.cover_ms = min(_MAX_COVER_MS, 1.5 * host_ms + 0.02)
+
+    def time_call(self, call: Callable[[], Any]) -> Timing:
+        self.flush_buffer.zero_()
+        REAL.cuda_sleep(int(self.cover_ms * self.cycles_per_ms))
+        REAL.event_record(self.start, self.stream)
+        host_start = REAL.perf_counter_ns()
+        result = call()
+        host_ms = (REAL.perf_counter_ns() - host_start) / 1e6
+        REAL.event_record(self.end, self.stream)
+        REAL.cuda_synchronize()
+        REAL.event_record(self.drained, self.stream)
+        REAL.cuda_synchronize()
+        del result
+        return Timing(REAL.event_elapsed_time(self.start, self.end), host_ms,
+                      REAL.event_elapsed_time(self.end, self.drained))
+
+
+class CpuTimer:
+    description = "time.perf_counter_ns around each call (host time, wrappers included: never a win)"
+    wins_allowed = False
+
+    def fit_cover(self, host_ms: float) -> None:
+        pass  # nothing to hide on the CPU: host time is the time
+
+    def time_call(self, call: Callable[[], Any]) -> Timing:
+        start = REAL.perf_counter_ns()
+        call()
+        ms = (REAL.perf_counter_ns() - start) / 1e6
+        return Timing(ms, ms)
+
+
+def make_timer(device: torch.device, cycles_per_ms: float) -> CudaTimer | CpuTimer:
+    """A timer for one profile."""
+    return CudaTimer(device, cycles_per_ms) if device.type == "cuda" else CpuTimer()
+
+
+def summarize(timings: list[Timing], drain_floor_ms: float) -> dict:
+    times = [t.ms + t.drain_ms - drain_floor_ms for t in timings]
+    deciles = statistics.quantiles(times, n=10, method="inclusive")
+    return {"median": statistics.median(times), "p10": deciles[0], "p90": deciles[-1], "trials": len(times),
+            "host_median": statistics.median(t.host_ms for t in timings)}
+
+
+class _RuleBroken(Exception):
+    def __init__(self, failure: Failure):
+        super().__init__(failure.reason)
+        self.failure = failure
+
+
+def measure(contenders: dict[str, Callable[..., Any]], input_sets: list[list[torch.Tensor]],
+            timer: CudaTimer | CpuTimer, after_call: Callable[[str], Failure | None]) -> tuple[dict, int]:
+    """Timings per contender, and the index of the input set timed last."""
+    names = list(contenders)
+    warm = {}  # the last warm-up call of each contender
+    for name in names:
+        for _ in range(WARMUP_CALLS):
+            warm[name] = timer.time_call(lambda: contenders[name](*input_sets[0]))
+    timer.fit_cover(max(t.host_ms for t in warm.values()))
+    wall_ms = []
+    for name in names:
+        start = REAL.perf_counter_ns()
+        timer.time_call(lambda: contenders[name](*input_sets[0]))
+        wall_ms.append((REAL.perf_counter_ns() - start) / 1e6)
+    trials = min(MAX_TRIALS, max(MIN_TRIALS, math.ceil(TARGET_TIMED_S * 1e3 / max(wall_ms))))
+    timings: dict[str, list[Timing]] = {name: [] for name in names}
+    for trial in range(trials):
+        inputs = input_sets[trial % len(input_sets)]
+        shift = trial % len(names)
+        for name in names[shift:] + names[:shift]:
+            timings[name].append(timer.time_call(lambda: contenders[name](*inputs)))
+            failure = after_call(name)
+            if failure:
+                raise _RuleBroken(failure)
+    return timings, (trials - 1) % len(input_sets)
+
+
+def profile_candidate(verifier: Verifier, contenders: dict[str, Callable[..., Any]],
+                      input_sets: list[list[torch.Tensor]], timer: CudaTimer | CpuTimer, watch: StateWatch,
+                      min_speedup: float, note: str | None = None) -> tuple[dict | None, Failure | None]:
+    """`contenders` holds "ours" and "eager", and "inductor" where Inductor compiled the task
+    (else `note` says why not). Returns the profile, or the rule the candidate broke."""
+
+    def after_call(name: str) -> Failure | None:
+        return watch.settings_changed("forward, while timed") if name == "ours" else None
+
+    try:
+        timings, last_set = measure(contenders, input_sets, timer, after_call)
+    except _RuleBroken as broken:
+        return None, broken.failure
+    failure = watch.violation("forward, while timed") or verifier.trial(_POST_CHECK_DRAW, input_sets[last_set])
+    if failure:
+        return None, Failure(failure.status, f"after timing: {failure.reason}", failure.restart)
+    drain_floor_ms = min(t.drain_ms for contender in timings.values() for t in contender)
+    stats = {name: summarize(t, drain_floor_ms) for name, t in timings.items()}
+    ours = max(stats["ours"]["median"], 1e-9)
+    inductor = stats.get("inductor")
+    speedup_vs_inductor = inductor["median"] / ours if inductor else None
+    profile = {
+        "ours_ms": stats["ours"],
+        "inductor_ms": inductor,
+        "eager_ms": stats["eager"],
+        "speedup_vs_inductor": speedup_vs_inductor,
+        "speedup_vs_eager": stats["eager"]["median"] / ours,
+        "min_speedup": min_speedup,
+        "wins": timer.wins_allowed and speedup_vs_inductor is not None and speedup_vs_inductor > min_speedup,
+        "timer": timer.description,
+        "input_sets": len(input_sets),
+    }
+    if note:
+        profile["note"] = note
+    return profile, None

@@ -1,0 +1,95 @@
+"""Plain-data results of the environment: the verdict on one candidate, and the time limits.
+
+Only these cross from the workers to the caller, as JSON, so nothing a candidate writes can
+reach the calling process as code.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+STATUSES = ("compile_error", "runtime_error", "crash", "timeout", "incorrect", "rejected", "passed")
+
+
+@dataclass(frozen=True)
+class Timeouts:
+    """Wall-clock limits per phase, enforced by the calling process (a worker that runs past one
+    is killed and restarted). `compile_s` covers executing the candidate's source and building
+    ModelNew, and also the one-off Inductor compile of a task's reference in a worker;
+    `start_s` covers a worker's start-up (importing torch, creating the CUDA context)."""
+
+    compile_s: float = 120.0
+    verify_s: float = 60.0
+    profile_s: float = 120.0
+    start_s: float = 180.0
+
+
+@dataclass
+class Evaluation:
+    """The verdict on one candidate. Only status == "passed" means correct; `profile` is set
+    only for a passed candidate evaluated with profiling, and `profile["wins"]` says whether it
+    beat Inductor by more than `profile["min_speedup"]`."""
+
+    status: str
+    reason: str = ""
+    compile_s: float | None = None
+    verification: dict = field(default_factory=dict)
+    profile: dict | None = None
+    worker_restarted: bool = False
+    device: str = ""
+
+    def __post_init__(self):
+        if self.status not in STATUSES:
+            raise ValueError(f"unknown status {self.status!r}")
+
+    @property
+    def passed(self) -> bool:
+        return self.status == "passed"
+
+    @property
+    def wins(self) -> bool:
+        return self.passed and bool(self.profile and self.profile.get("wins"))
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, d: dict) -> "Evaluation":
+        return cls(**d)
+
+
+# The user's numerics: what the reference, Inductor and the candidate all run under. The
+# default is strict fp32: no TF32, matmul precision "highest", and no reduced-precision
+# reductions inside fp16/bf16 GEMMs.
+DEFAULT_PRECISION = {"allow_tf32": False, "matmul_precision": "highest", "allow_reduced_precision": False}
+MATMUL_PRECISIONS = ("highest", "high", "medium")
+
+
+def precision_settings(precision: dict | None) -> dict:
+    """`precision` completed with the defaults, and checked."""
+    unknown = set(precision or {}) - set(DEFAULT_PRECISION)
+    if unknown:
+        raise ValueError(f"unknown precision settings {sorted(unknown)}; known: {sorted(DEFAULT_PRECISION)}")
+    settings = {**DEFAULT_PRECISION, **(precision or {})}
+    if settings["matmul_precision"] not in MATMUL_PRECISIONS:
+        raise ValueError(f"matmul_precision must be one of {MATMUL_PRECISIONS}")
+    return settings
+
+
+def fp32_matmul_reduced(precision: dict) -> bool:
+    """Whether fp32 matmuls may run in TF32 (or bf16 on CPU) under these settings."""
+    settings = precision_settings(precision)
+    return settings["allow_tf32"] or settings["matmul_precision"] != "highest"
+
+
+@dataclass(frozen=True)
+class Failure:
+    """Why a phase in a worker did not pass; `restart` when the worker cannot be trusted or
+    used any more (a broken CUDA context, a patched function, a thread left running)."""
+
+    status: str
+    reason: str
+    restart: bool = False
+
+    def to_json(self) -> dict:
+        return asdict(self)
+

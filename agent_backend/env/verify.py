@@ -1,0 +1,365 @@
+"""Verification of one candidate against its task's reference, inside a worker.
+
+Each trial draws a fresh input set (several value ranges; one trial writes new values into the
+previous trial's input tensors, so pointers and shapes repeat while values change), runs the
+candidate BEFORE the reference, and checks, in this order:
+  1. the state the candidate must leave alone (threads, patched functions, global settings),
+  2. the outputs' structure: their count, and that each is exactly a torch.Tensor (a subclass
+     could defer its work until it is read),
+  3. the inputs are bitwise unchanged,
+  4. no output shares memory with an input, with an output of an earlier call, or with
+     another output where the reference's outputs do not,
+  5. device, shape and dtype; then values within tolerance, with NaN/Inf never passing.
+Every new tensor the candidate allocates through torch is filled with NaN (guards.
+PoisonedAllocations), so an element it forgets to write fails in step 5.
+
+On CUDA, the candidate runs with a non-default current stream, and its inputs are written on
+that stream behind a long sleep just before the call: work the candidate launches on any other
+stream (a side stream, the legacy default stream of a `<<<grid, block>>>` launch) reads inputs
+that are not there yet, and its outputs are copied on the current stream as soon as forward
+returns, before anything synchronizes. Work not ordered on the current stream therefore shows
+up as a mismatch, deterministically, whenever forward returns before the sleep ends (the sleep
+adapts to forward's own duration; `stream_checked_trials` counts the trials where it did).
+"""
+from __future__ import annotations
+
+import os
+from contextlib import nullcontext
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from agent_backend.env.candidate_loader import describe_exception
+from agent_backend.env.compare import (bitwise_equal, compare_values, differing_elements, layout_problem,
+                                       overlapping_pairs, share_memory, stride_note, tolerance)
+from agent_backend.env.guards import REAL, GlobalSwitches, PatchFingerprint, PoisonedAllocations, StateWatch
+from agent_backend.env.results import Failure
+from agent_backend.specs import Task, TensorSpec, random_inputs
+
+
+@dataclass(frozen=True)
+class InputDraw:
+    """Inputs drawn from N(offset, scale^2)."""
+
+    scale: float
+    offset: float
+
+    def describe(self) -> str:
+        return f"inputs drawn from a normal distribution with mean {self.offset:g} and std {self.scale:g}"
+
+
+# (value range, whether the values are written into the previous trial's input tensors)
+VERIFICATION_PLAN = (
+    (InputDraw(1.0, 0.0), False),
+    (InputDraw(0.5, 2.0), False),
+    (InputDraw(2.0, -1.0), False),
+    (InputDraw(0.1, 0.0), False),
+    (InputDraw(1.0, 0.5), True),
+    (InputDraw(3.0, 0.0), False),
+)
+
+
+def new_seed() -> int:
+    return int.from_bytes(os.urandom(4), "little") >> 1
+
+
+# ----------------------------------------------------------------------------- torch ops record
+
+# Ops that allocate, fill, copy or alias memory without computing anything; views are left out
+# through their schema. Everything else a candidate calls is recorded.
+_NOT_COMPUTE = {f"aten::{name}" for name in (
+    "empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided", "zeros", "zeros_like",
+    "new_zeros", "ones", "ones_like", "new_ones", "full", "full_like", "new_full", "fill_", "zero_",
+    "copy_", "clone", "detach", "alias", "lift_fresh", "resize_", "set_", "_unsafe_view", "_reshape_alias")}
+
+
+class TorchOpRecorder(TorchDispatchMode):
+    """Records the aten ops run under it (also those called from C++ extensions)."""
+
+    def __init__(self):
+        super().__init__()
+        self.ops: set[str] = set()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if not func.is_view and func._schema.name not in _NOT_COMPUTE:
+            self.ops.add(str(func))
+        return func(*args, **(kwargs or {}))
+
+
+# ----------------------------------------------------------------------------- calling a candidate
+
+def output_list(raw: Any) -> list:
+    return list(raw) if isinstance(raw, (tuple, list)) else [raw]
+
+
+def structure_failure(outputs: list, n_expected: int) -> Failure | None:
+    for i, out in enumerate(outputs):
+        if type(out) is torch.Tensor:
+            continue
+        if isinstance(out, torch.Tensor):
+            return Failure("rejected", f"output {i} is a {type(out).__name__}, a subclass of torch.Tensor: outputs must "
+                                       "be plain tensors (a subclass can defer its work until it is read)")
+        return Failure("incorrect", f"output {i} is a {type(out).__name__}, expected a tensor")
+    if len(outputs) != n_expected:
+        return Failure("incorrect", f"forward returned {len(outputs)} outputs, expected {n_expected}")
+    return None
+
+
+def blank_like(source: torch.Tensor) -> torch.Tensor:
+    """A tensor with the layout (shape, strides, storage extent) of `source`, holding garbage
+    (NaN, or True for bool) until the candidate's inputs are written into it."""
+    base = torch.empty(TensorSpec.of(source).storage_elements(), dtype=source.dtype, device=source.device)
+    base.fill_(True if source.dtype == torch.bool else float("nan"))
+    return base.as_strided(source.shape, source.stride())
+
+
+def cuda_usable(device: torch.device) -> bool:
+    """False once the CUDA context is broken (an illegal address, a device-side assert)."""
+    try:
+        REAL.cuda_synchronize()
+        return torch.ones(1, device=device).add_(1).item() == 2.0
+    except Exception:
+        return False
+
+
+def failure_from_exception(exc: BaseException, device: torch.device, during: str) -> Failure:
+    message = describe_exception(exc)
+    if device.type == "cuda" and not cuda_usable(device):
+        return Failure("crash", f"{during} broke the CUDA context: {message}", restart=True)
+    return Failure("runtime_error", f"{during} raised: {message}")
+
+
+@dataclass
+class CallResult:
+    outputs: list  # as returned
+    copies: list[torch.Tensor]  # taken on the current stream as soon as forward returned
+    failure: Failure | None  # an output of the wrong kind (then nothing was copied)
+    stream_checked: bool  # forward returned before its inputs had been written on its stream
+
+
+def _copy_outputs(raw: Any, n_outputs: int) -> tuple[list, list[torch.Tensor], Failure | None]:
+    outputs = output_list(raw)
+    failure = structure_failure(outputs, n_outputs)
+    return outputs, ([] if failure else [o.clone() for o in outputs]), failure
+
+
+class CpuRunner:
+    checks_stream_order = False
+
+    def call(self, forward: Callable[[], Any], inputs: list, sources: list, n_outputs: int) -> CallResult:
+        for inp, src in zip(inputs, sources):
+            inp.copy_(src)
+        return CallResult(*_copy_outputs(forward(), n_outputs), stream_checked=False)
+
+
+_INITIAL_SLEEP_MS = 5.0
+_MAX_SLEEP_MS = 500.0
+
+
+def sleep_cycles_per_ms(device: torch.device) -> float:
+    """GPU clock cycles per millisecond of torch.cuda._sleep, measured."""
+    stream = torch.cuda.current_stream(device)
+    start, end = REAL.cuda_event_type(enable_timing=True), REAL.cuda_event_type(enable_timing=True)
+    for _ in range(2):  # the first run includes one-off start-up costs
+        REAL.cuda_synchronize()
+        REAL.event_record(start, stream)
+        REAL.cuda_sleep(1_000_000)
+        REAL.event_record(end, stream)
+        REAL.cuda_synchronize()
+    return 1_000_000 / max(REAL.event_elapsed_time(start, end), 1e-3)
+
+
+class CudaRunner:
+    """Runs forward on a non-default stream whose inputs arrive late (see the module doc)."""
+
+    checks_stream_order = True
+
+    def __init__(self, device: torch.device, cycles_per_ms: float):
+        self.stream = torch.cuda.Stream(device)
+        self.cycles_per_ms = cycles_per_ms
+        self.sleep_ms = _INITIAL_SLEEP_MS
+
+    def call(self, forward: Callable[[], Any], inputs: list, sources: list, n_outputs: int) -> CallResult:
+        REAL.cuda_synchronize()
+        with torch.cuda.stream(self.stream):
+            REAL.cuda_sleep(int(self.sleep_ms * self.cycles_per_ms))
+            for inp, src in zip(inputs, sources):
+                inp.copy_(src)
+            written = REAL.cuda_event_type()
+            REAL.event_record(written, self.stream)
+            start = REAL.perf_counter_ns()
+            raw = forward()
+            forward_ms = (REAL.perf_counter_ns() - start) / 1e6
+            stream_checked = not REAL.event_query(written)
+            outputs, copies, failure = _copy_outputs(raw, n_outputs)
+        REAL.cuda_synchronize()
+        # Keep the window wider than forward's own host time, so later trials are conclusive.
+        self.sleep_ms = min(_MAX_SLEEP_MS, max(self.sleep_ms, 3 * forward_ms))
+        return CallResult(outputs, copies, failure, stream_checked)
+
+
+# ----------------------------------------------------------------------------- the verifier
+
+@dataclass
+class _Trial:
+    inputs: list[torch.Tensor]
+    copies: list[torch.Tensor]
+    expected: list[torch.Tensor]
+
+
+class Verifier:
+    """Runs trials of one candidate against the task's reference and keeps their evidence."""
+
+    def __init__(self, candidate: torch.nn.Module, reference: torch.nn.Module, task: Task, device: torch.device,
+                 precision: dict, runner: CpuRunner | CudaRunner, switches: GlobalSwitches,
+                 fingerprint: PatchFingerprint, seed: int):
+        self.candidate, self.reference, self.task, self.device = candidate, reference, task, device
+        self.runner, self.switches, self.fingerprint, self.seed = runner, switches, fingerprint, seed
+        self.tolerances = [tolerance(spec.torch_dtype, precision) for spec in task.outputs]
+        self.trials = 0
+        self.stream_checked_trials = 0
+        self.max_abs_err = 0.0
+        self.max_rel_err = 0.0
+        self.torch_ops: list[str] = []
+        self.stride_notes: list[str] = []
+        # Every trial's tensors and every output returned so far stay alive, so their memory is
+        # never handed out again: pointers repeat only where a trial reuses inputs on purpose,
+        # and a candidate returning the same buffer twice is seen doing so.
+        self._history: list[_Trial] = []
+        self._returned: list[torch.Tensor] = []
+        self._poisoning: PoisonedAllocations | None = None  # of the last forward
+
+    def run(self) -> Failure | None:
+        for number, (draw, reuse) in enumerate(VERIFICATION_PLAN):
+            reuse_inputs = self._history[-1].inputs if reuse and self._history else None
+            failure = self.trial(draw, reuse_inputs, record_ops=number == 0)
+            if failure:
+                return failure
+        return None
+
+    def details(self) -> dict:
+        details = {
+            "trials": self.trials,
+            "seed": self.seed,
+            "max_abs_err": self.max_abs_err,
+            "max_rel_err": self.max_rel_err,
+            "atol": max(self.tolerances, default=0.0),
+            "rtol": max(self.tolerances, default=0.0),
+            "torch_ops": self.torch_ops,
+            "stride_notes": self.stride_notes,
+        }
+        if self.runner.checks_stream_order:
+            details["stream_checked_trials"] = self.stream_checked_trials
+        return details
+
+    def trial(self, draw: InputDraw, reuse_inputs: list[torch.Tensor] | None = None,
+              record_ops: bool = False) -> Failure | None:
+        """One call of the candidate and of the reference on a new input set; `reuse_inputs`:
+        write the new values into these tensors instead of new ones."""
+        self.trials += 1
+        where = f" [input set {self.trials}: {draw.describe()}]"
+        sources = random_inputs(self.task.inputs, self.seed + self.trials, scale=draw.scale, offset=draw.offset,
+                                device=str(self.device))
+        inputs = reuse_inputs or [blank_like(s) for s in sources]
+        watch = StateWatch(self.switches, self.fingerprint)
+        recorder = TorchOpRecorder() if record_ops else None
+        self._poisoning = None
+        try:
+            call = self.runner.call(lambda: self._forward(inputs, recorder), inputs, sources, len(self.task.outputs))
+        except BaseException as exc:  # the candidate's own, or a CUDA error its kernels left behind
+            return failure_from_exception(exc, self.device, "forward")
+        self.stream_checked_trials += call.stream_checked
+        if recorder is not None:
+            self.torch_ops = sorted(recorder.ops)
+        return (watch.violation("forward") or self._poisoning_failure() or call.failure
+                or self._inputs_failure(inputs, sources) or self._memory_failure(call.outputs, inputs)
+                or self._compare(call, sources, inputs, where))
+
+    def _forward(self, inputs: list[torch.Tensor], recorder: TorchOpRecorder | None) -> Any:
+        with torch.no_grad(), PoisonedAllocations() as self._poisoning, recorder or nullcontext():
+            return self.candidate(*inputs)
+
+    def _poisoning_failure(self) -> Failure | None:
+        if self._poisoning is None or not self._poisoning.tampered:
+            return None
+        return Failure("rejected", "forward changed torch.use_deterministic_algorithms or torch.utils.deterministic."
+                                   "fill_uninitialized_memory, which verification uses to poison new tensors")
+
+    def _inputs_failure(self, inputs: list[torch.Tensor], sources: list[torch.Tensor]) -> Failure | None:
+        for i, (inp, src) in enumerate(zip(inputs, sources)):
+            changed = differing_elements(inp, src)
+            if changed:
+                return Failure("rejected", f"forward changed input {i} ({changed} of {src.numel()} elements): "
+                                           "inputs must be left unchanged")
+        return None
+
+    def _memory_failure(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor]) -> Failure | None:
+        for i, out in enumerate(outputs):
+            for j, inp in enumerate(inputs):
+                if share_memory(out, inp):
+                    return Failure("rejected", f"output {i} shares memory with input {j}: return a newly allocated tensor")
+            if any(share_memory(out, earlier) for earlier in self._returned):
+                return Failure("rejected", f"output {i} reuses the memory of an output returned by an earlier call: "
+                                           "allocate outputs on every call, a caller may still hold the earlier ones")
+        self._returned.extend(outputs)
+        return None
+
+    def _reference(self, sources: list[torch.Tensor]) -> list[torch.Tensor]:
+        with torch.no_grad():
+            return output_list(self.reference(*sources))
+
+    def _compare(self, call: CallResult, sources: list[torch.Tensor], inputs: list[torch.Tensor],
+                 where: str) -> Failure | None:
+        expected = self._reference(sources)
+        shared = overlapping_pairs(call.outputs) - overlapping_pairs(expected)
+        if shared:
+            i, j = min(shared)
+            return Failure("rejected", f"outputs {i} and {j} share memory; the reference's do not")
+        for i, (got, exp) in enumerate(zip(call.outputs, expected)):
+            problem = layout_problem(i, got, exp)
+            if problem:
+                return Failure("incorrect", problem + where)
+            note = stride_note(i, got, exp)
+            if note and note not in self.stride_notes:
+                self.stride_notes.append(note)
+        first_problem = None
+        for i, (copy, exp, tol) in enumerate(zip(call.copies, expected, self.tolerances)):
+            check = compare_values(i, copy, exp, tol)
+            self.max_abs_err = max(self.max_abs_err, check.max_abs_err)
+            self.max_rel_err = max(self.max_rel_err, check.max_rel_err)
+            first_problem = first_problem or check.problem
+        earlier = self._history[:]
+        self._history.append(_Trial(inputs, call.copies, expected))
+        if first_problem is None:
+            return None
+        return self._explain(first_problem + where, call, sources, expected, earlier)
+
+    def _explain(self, problem: str, call: CallResult, sources: list[torch.Tensor], expected: list[torch.Tensor],
+                 earlier: list[_Trial]) -> Failure:
+        """Name the rule behind a mismatch where the evidence shows one."""
+        if any(all(map(bitwise_equal, call.copies, trial.copies)) and not all(map(bitwise_equal, expected, trial.expected))
+               for trial in earlier):
+            return Failure("rejected", "forward returned exactly what it returned for earlier, different input "
+                                       "values: its result is cached (by input pointer or shape) or does not depend on "
+                                       f"the inputs. {problem}")
+        if self.runner.checks_stream_order and self._right_on_default_stream(sources, expected):
+            return Failure("rejected", f"{problem}. The output is right when forward runs on the default stream after a "
+                                       "full synchronize, but wrong when forward runs on another current stream that "
+                                       "writes its inputs just before the call: launch every kernel on "
+                                       "torch.cuda.current_stream() and leave no work on other streams")
+        return Failure("incorrect", problem)
+
+    def _right_on_default_stream(self, sources: list[torch.Tensor], expected: list[torch.Tensor]) -> bool:
+        inputs = [blank_like(s).copy_(s) for s in sources]
+        REAL.cuda_synchronize()
+        try:
+            with torch.no_grad(), PoisonedAllocations():
+                outputs = output_list(self.candidate(*inputs))
+            REAL.cuda_synchronize()
+        except Exception:
+            return False
+        return (structure_failure(outputs, len(expected)) is None
+                and all(layout_problem(i, o, e) is None and compare_values(i, o, e, t).problem is None
+                        for i, (o, e, t) in enumerate(zip(outputs, expected, self.tolerances))))

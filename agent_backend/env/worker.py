@@ -1,0 +1,220 @@
+"""A worker process: the only place a candidate's code runs.
+
+Started by pool.WorkerHandle as `python -c "from agent_backend.env.worker import main; main()"
+FD DEVICE PARENT_PID`, in a session of its own, with stdout and stderr going to a log file. It
+serves one request at a time over the socket FD, as JSON (never pickle: what comes back must
+not be able to run code in the caller). The caller enforces the time limits and kills the
+worker when one passes; faulthandler dumps the stacks to the log shortly before, so the caller
+can say where a candidate hung or crashed.
+
+Requests ("op"): "prepare" (compile the task's reference with Inductor, once per task),
+"load" (execute the candidate's source, build ModelNew), "verify", "profile". The candidate is
+dropped after the last phase of its evaluation.
+"""
+from __future__ import annotations
+
+import faulthandler
+import gc
+import json
+import os
+import sys
+import threading
+import time
+import traceback
+from collections import OrderedDict
+from dataclasses import dataclass
+from multiprocessing.connection import Connection
+from types import ModuleType
+
+import torch
+
+from agent_backend.env.candidate_loader import CandidateError, describe_exception, load_candidate, load_task, unload
+from agent_backend.env.guards import REAL, GlobalSwitches, PatchFingerprint, StateWatch, precision_context
+from agent_backend.env.profile import INPUT_SETS, make_timer, profile_candidate
+from agent_backend.env.results import Failure
+from agent_backend.env.verify import (CpuRunner, CudaRunner, TorchOpRecorder, Verifier, cuda_usable, failure_from_exception, new_seed,
+                                      sleep_cycles_per_ms)
+from agent_backend.specs import Candidate, Task, random_inputs
+
+_TASKS_KEPT = 8  # task references (and their Inductor compilations) kept per worker
+
+
+@dataclass
+class TaskState:
+    module: ModuleType
+    model: torch.nn.Module
+    compiled: torch.nn.Module | None = None
+    inductor_error: str | None = None
+
+
+@dataclass
+class Loaded:
+    task: Task
+    state: TaskState
+    module: ModuleType
+    model: torch.nn.Module
+    precision: dict
+    fingerprint: PatchFingerprint
+    verifier: Verifier | None = None  # set by verify, used by profile
+
+
+def _settle_torch() -> None:
+    """Trigger what torch patches into itself on first use (importing dynamo wraps
+    torch.manual_seed; its first compile replaces nn.Module.__init__), so that the patch check
+    does not blame it on the first candidate."""
+    with TorchOpRecorder():
+        torch.ones(1).add(1)
+    torch.compile(lambda x: x + 1, backend="eager")(torch.ones(1))
+
+
+class Worker:
+    def __init__(self, device: str):
+        _settle_torch()
+        self.device = torch.device(device)
+        self.cycles_per_ms = 0.0
+        if self.device.type == "cuda":
+            torch.cuda.set_device(self.device)
+            torch.ones(1, device=self.device).add_(1).item()  # create the context now, not in a timed phase
+            self.cycles_per_ms = sleep_cycles_per_ms(self.device)
+        self.switches = GlobalSwitches(self.device.type)
+        self.tasks: OrderedDict[str, TaskState] = OrderedDict()
+        self.loaded: Loaded | None = None
+        self._handlers = {"prepare": self._prepare, "load": self._load, "verify": self._verify,
+                          "profile": self._profile}
+
+    def handle(self, request: dict) -> dict:
+        timeout_s = float(request.get("timeout_s", 60.0))
+        # Dump every stack to the log just before the caller's limit, so it can say where it hung.
+        faulthandler.dump_traceback_later(max(timeout_s - 1.0, 0.8 * timeout_s))
+        try:
+            return self._handlers[request["op"]](request)
+        except Exception:  # our own failure; the candidate's are caught where it runs
+            return Failure("runtime_error", f"the verifier failed: {traceback.format_exc(limit=-6)}",
+                           restart=True).to_json()
+        finally:
+            faulthandler.cancel_dump_traceback_later()
+
+    def _task_state(self, task: Task) -> TaskState:
+        if task.hash in self.tasks:
+            self.tasks.move_to_end(task.hash)
+        else:
+            self.tasks[task.hash] = TaskState(*load_task(task.program, self.device))
+            while len(self.tasks) > _TASKS_KEPT:
+                self.tasks.popitem(last=False)
+        return self.tasks[task.hash]
+
+    def _sync(self) -> None:
+        if self.device.type == "cuda":
+            REAL.cuda_synchronize()
+
+    def _prepare(self, request: dict) -> dict:
+        """Compile the reference with Inductor before any candidate of this task runs here."""
+        task = Task.from_json(request["task"])
+        state = self._task_state(task)
+        if state.compiled is None and state.inductor_error is None:
+            try:
+                with precision_context(self.switches, request["precision"]), torch.no_grad():
+                    compiled = torch.compile(state.model, backend="inductor", dynamic=False)
+                    compiled(*random_inputs(task.inputs, 0, device=str(self.device)))
+                    self._sync()
+                state.compiled = compiled
+            except Exception as exc:
+                state.inductor_error = f"Inductor could not compile the task: {describe_exception(exc)}"
+        return {"ok": state.compiled is not None, "error": state.inductor_error}
+
+    def _load(self, request: dict) -> dict:
+        self._unload()
+        task, candidate = Task.from_json(request["task"]), Candidate.from_json(request["candidate"])
+        state = self._task_state(task)
+        fingerprint = PatchFingerprint()
+        start = time.perf_counter()
+        with precision_context(self.switches, request["precision"]):
+            watch = StateWatch(self.switches, fingerprint)
+            try:
+                module, model = load_candidate(candidate.source, state.module, self.device, request.get("build_root"))
+                failure = watch.violation("loading the candidate")
+            except CandidateError as exc:
+                module, failure = None, watch.violation("loading the candidate") or Failure("compile_error", str(exc))
+        compile_s = time.perf_counter() - start
+        if failure is None:
+            self.loaded = Loaded(task, state, module, model, request["precision"], fingerprint)
+            return {"status": "loaded", "compile_s": compile_s}
+        if module is not None:
+            unload(module)
+        if self.device.type == "cuda" and not cuda_usable(self.device):
+            failure = Failure("crash", f"loading the candidate broke the CUDA context: {failure.reason}", restart=True)
+        return {**failure.to_json(), "compile_s": compile_s}
+
+    def _runner(self) -> CpuRunner | CudaRunner:
+        return CudaRunner(self.device, self.cycles_per_ms) if self.device.type == "cuda" else CpuRunner()
+
+    def _verify(self, request: dict) -> dict:
+        loaded = self.loaded
+        with precision_context(self.switches, loaded.precision):
+            loaded.verifier = Verifier(loaded.model, loaded.state.model, loaded.task, self.device, loaded.precision,
+                                       self._runner(), self.switches, loaded.fingerprint, new_seed())
+            failure = loaded.verifier.run()
+        details = loaded.verifier.details()
+        if not (failure and failure.restart or request.get("keep")):
+            self._unload()  # not where the worker is about to be replaced: freeing may touch a broken context
+        if failure:
+            return {**failure.to_json(), "verification": details}
+        return {"status": "passed", "reason": "", "verification": details}
+
+    def _profile(self, request: dict) -> dict:
+        loaded = self.loaded
+        task, state, verifier = loaded.task, loaded.state, loaded.verifier
+        seed = verifier.seed + 1000
+        input_sets = [random_inputs(task.inputs, seed + k, device=str(self.device)) for k in range(INPUT_SETS)]
+        contenders = {"ours": loaded.model, "eager": state.model}
+        if state.compiled is not None:
+            contenders["inductor"] = state.compiled
+        note = None if state.compiled is not None else (request.get("inductor_note") or state.inductor_error
+                                                        or "Inductor's reference was not compiled in this worker")
+        with precision_context(self.switches, loaded.precision), torch.no_grad():
+            watch = StateWatch(self.switches, loaded.fingerprint)
+            try:
+                timer = make_timer(self.device, self.cycles_per_ms)
+                profile, failure = profile_candidate(verifier, contenders, input_sets, timer, watch,
+                                                     float(request["min_speedup"]), note)
+            except BaseException as exc:
+                profile, failure = None, failure_from_exception(exc, self.device, "timing")
+        if not (failure and failure.restart):
+            self._unload()
+        if failure:
+            return {**failure.to_json(), "verification": verifier.details()}
+        return {"status": "passed", "reason": "", "profile": profile, "verification": verifier.details()}
+
+    def _unload(self) -> None:
+        if self.loaded is not None:
+            unload(self.loaded.module)
+            self.loaded = None
+            gc.collect()
+
+
+def _exit_when_orphaned(parent_pid: int) -> None:
+    """A worker whose caller died must not run on (it may be stuck in a candidate's loop)."""
+    while True:
+        time.sleep(1.0)
+        if os.getppid() != parent_pid:
+            os._exit(1)
+
+
+def _send(conn: Connection, message: dict) -> None:
+    conn.send_bytes(json.dumps(message).encode())
+
+
+def main() -> None:
+    fd, device, parent_pid = int(sys.argv[1]), sys.argv[2], int(sys.argv[3])
+    os.set_inheritable(fd, False)  # programs a candidate starts must not hold the caller's line open
+    conn = Connection(fd)
+    faulthandler.enable()
+    threading.Thread(target=_exit_when_orphaned, args=(parent_pid,), daemon=True, name="orphan-watch").start()
+    worker = Worker(device)
+    _send(conn, {"ready": True, "pid": os.getpid()})
+    while True:
+        try:
+            request = json.loads(conn.recv_bytes())
+        except EOFError:
+            return
+        _send(conn, worker.handle(request))

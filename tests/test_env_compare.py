@@ -1,0 +1,180 @@
+"""In-process tests of the verifier's pieces that need no worker: comparisons, tolerances,
+memory overlap, global switches, the patch check, poisoned allocations, result types."""
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+
+from agent_backend.env import Evaluation
+from agent_backend.env.compare import (bitwise_equal, compare_values, differing_elements, layout_problem,
+                                       overlapping_pairs, share_memory, tolerance)
+from agent_backend.env.guards import GlobalSwitches, PatchFingerprint, PoisonedAllocations, precision_context
+from agent_backend.env.results import precision_settings
+from agent_backend.env.verify import TorchOpRecorder, blank_like, structure_failure
+
+
+def test_within_tolerance_passes_and_reports_errors():
+    expected = torch.linspace(-1, 1, 100)
+    check = compare_values(0, expected + 5e-5, expected, 1e-4)
+    assert check.problem is None
+    assert 4e-5 < check.max_abs_err < 6e-5
+
+
+def test_mismatch_names_count_worst_index_and_values():
+    expected = torch.zeros(4, 8)
+    got = expected.clone()
+    got[3, 5] = 0.31
+    got[1, 1] = 0.2
+    problem = compare_values(0, got, expected, 1e-4).problem
+    assert problem.startswith("output 0: 2 of 32 elements differ, max abs err 0.31 at index (3, 5): got 0.31, expected 0")
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")])
+def test_non_finite_never_passes_where_reference_is_finite(bad):
+    expected = torch.ones(10)
+    got = expected.clone()
+    got[7] = bad
+    assert "at index (7,)" in compare_values(0, got, expected, 1e-2).problem
+
+
+def test_non_finite_reference_requires_the_same_value():
+    expected = torch.tensor([float("nan"), float("inf"), -float("inf"), 1.0])
+    assert compare_values(0, expected.clone(), expected, 1e-4).problem is None
+    swapped = torch.tensor([float("nan"), -float("inf"), -float("inf"), 1.0])
+    assert "index (1,)" in compare_values(0, swapped, expected, 1e-4).problem
+    finite = torch.tensor([0.0, float("inf"), -float("inf"), 1.0])
+    assert "index (0,)" in compare_values(0, finite, expected, 1e-4).problem
+
+
+def test_bool_outputs_compare_exactly():
+    expected = torch.tensor([True, False, True])
+    assert compare_values(0, expected.clone(), expected, 0.0).problem is None
+    assert "1 of 3 elements differ at index (1,): got True, expected False" in \
+        compare_values(0, torch.tensor([True, True, True]), expected, 0.0).problem
+
+
+def test_tolerances_by_dtype_and_precision():
+    strict = precision_settings(None)
+    assert tolerance(torch.float32, strict) == 1e-4
+    assert tolerance(torch.float16, strict) == tolerance(torch.bfloat16, strict) == 1e-2
+    assert tolerance(torch.float64, strict) == 1e-7
+    assert tolerance(torch.float32, {"allow_tf32": True}) == 1e-2
+    assert tolerance(torch.float32, {"matmul_precision": "high"}) == 1e-2
+
+
+def test_precision_settings_are_checked():
+    assert precision_settings({"allow_tf32": True})["matmul_precision"] == "highest"
+    with pytest.raises(ValueError):
+        precision_settings({"tf32": True})
+    with pytest.raises(ValueError):
+        precision_settings({"matmul_precision": "low"})
+
+
+def test_layout_problems():
+    a = torch.zeros(2, 3)
+    assert "shape (3, 2), expected (2, 3)" in layout_problem(0, torch.zeros(3, 2), a)
+    assert "dtype torch.float64, expected torch.float32" in layout_problem(0, a.double(), a)
+    assert layout_problem(0, a.clone(), a) is None
+
+
+def test_bitwise_comparison_sees_signed_zero_and_equal_nans():
+    a = torch.tensor([0.0, float("nan")])
+    assert bitwise_equal(a, a.clone())
+    assert differing_elements(torch.tensor([-0.0, float("nan")]), a) == 1
+
+
+def test_memory_overlap():
+    base = torch.zeros(10)
+    view = base[2:4]
+    assert share_memory(base, view)
+    assert not share_memory(base, torch.zeros(10))
+    assert overlapping_pairs([base, torch.zeros(3), view]) == {(0, 2)}
+
+
+def test_outputs_must_be_plain_tensors():
+    class Lazy(torch.Tensor):
+        pass
+
+    assert structure_failure([torch.zeros(1)], 1) is None
+    assert structure_failure([torch.zeros(1).as_subclass(Lazy)], 1).status == "rejected"
+    assert structure_failure([3], 1).status == "incorrect"
+    assert "returned 2 outputs, expected 1" in structure_failure([torch.zeros(1)] * 2, 1).reason
+
+
+def test_blank_inputs_keep_the_layout_and_hold_garbage():
+    source = torch.randn(8, 6).t()
+    blank = blank_like(source)
+    assert blank.shape == source.shape and blank.stride() == source.stride()
+    assert torch.isnan(blank).all()
+
+
+def test_poisoned_allocations_fill_new_tensors_and_notice_tampering():
+    with PoisonedAllocations() as poisoning:
+        assert torch.isnan(torch.empty(5)).all()
+        assert torch.isnan(torch.empty_like(torch.ones(3))).all()
+    assert not poisoning.tampered
+    assert not torch.are_deterministic_algorithms_enabled()
+    with PoisonedAllocations() as poisoning:
+        torch.utils.deterministic.fill_uninitialized_memory = False
+    assert poisoning.tampered
+    assert torch.utils.deterministic.fill_uninitialized_memory  # put back
+
+
+def test_switches_are_seen_changed_and_restored():
+    switches = GlobalSwitches("cpu")
+    before = switches.snapshot()
+    torch.set_float32_matmul_precision("medium")
+    torch.backends.cuda.matmul.fp32_precision = "tf32"  # the new API: reading the legacy one now raises
+    torch.set_default_dtype(torch.float64)
+    try:
+        changed = switches.changed(before)
+        assert any(c.startswith("torch.get_float32_matmul_precision()") for c in changed)
+        assert any(c.startswith("torch.get_default_dtype()") for c in changed)
+        assert switches.restore(before)
+    finally:
+        torch.set_default_dtype(torch.float32)
+    assert switches.changed(before) == []
+    assert torch.get_float32_matmul_precision() == "highest"
+
+
+def test_precision_context_applies_and_restores():
+    switches = GlobalSwitches("cpu")
+    with precision_context(switches, {"allow_tf32": True}):
+        assert torch.backends.cuda.matmul.allow_tf32
+    assert not torch.backends.cuda.matmul.allow_tf32
+
+
+def test_patch_fingerprint_sees_replaced_functions():
+    fingerprint = PatchFingerprint()
+    assert fingerprint.changed() == []
+    original = time.perf_counter
+    time.perf_counter = lambda: 0.0
+    try:
+        assert fingerprint.changed() == ["time.perf_counter"]
+    finally:
+        time.perf_counter = original
+    torch.Tensor.clone = lambda self: self  # shadows TensorBase.clone
+    try:
+        assert fingerprint.changed() == ["torch.Tensor.clone"]
+    finally:
+        del torch.Tensor.clone
+    assert fingerprint.changed() == []
+
+
+def test_torch_op_recorder_leaves_out_allocation_views_and_copies():
+    x = torch.randn(4, 4)
+    with TorchOpRecorder() as recorder:
+        out = torch.empty_like(x)
+        out.copy_(x.t().reshape(16).view(4, 4) @ x)
+        torch.relu_(out)
+    assert sorted(recorder.ops) == ["aten.mm.default", "aten.relu_.default"]
+
+
+def test_evaluation_round_trips_through_json():
+    ev = Evaluation("passed", verification={"trials": 6}, profile={"wins": True}, compile_s=0.1)
+    assert Evaluation.from_json(ev.to_json()) == ev
+    assert ev.wins
+    with pytest.raises(ValueError):
+        Evaluation("fine")

@@ -1,0 +1,210 @@
+"""Verification end to end on the CPU: CPU tasks, CPU candidates, one worker process shared by
+the module. A correct candidate passes; each cheat that can be written for the CPU is refused
+for the right reason; compile errors come back short."""
+from __future__ import annotations
+
+import pytest
+
+from agent_backend.env import Environment, Timeouts
+from test_env_cases import GOOD_ADD_RELU, add_relu_task, make_candidate, sum_diff_task
+
+TASK = add_relu_task()
+TWO_OUTPUTS = sum_diff_task()
+
+
+@pytest.fixture(scope="module")
+def env():
+    with Environment(["cpu"], Timeouts(compile_s=30, verify_s=30, profile_s=120, start_s=120)) as env:
+        yield env
+
+
+def evaluate(env, candidate, task=TASK):
+    return env.evaluate(task, candidate, profile=False)
+
+
+def test_correct_candidate_passes_and_its_torch_ops_are_recorded(env):
+    ev = evaluate(env, GOOD_ADD_RELU)
+    assert ev.status == "passed", ev.reason
+    assert ev.verification["trials"] >= 5
+    assert ev.verification["torch_ops"] == ["aten.add.Tensor", "aten.relu.default"]
+    assert ev.verification["max_abs_err"] == 0.0
+    assert ev.verification["atol"] == ev.verification["rtol"] == 1e-4
+    assert ev.profile is None and not ev.worker_restarted and ev.compile_s is not None
+
+
+def test_allocation_and_copies_are_not_counted_as_torch_ops(env):
+    ev = evaluate(env, make_candidate("""
+        out = torch.empty_like(a)
+        out.copy_(torch.maximum(a + b, torch.zeros_like(a)))
+        return out
+    """))
+    assert ev.status == "passed", ev.reason
+    assert ev.verification["torch_ops"] == ["aten.add.Tensor", "aten.maximum.default"]
+
+
+def test_other_output_strides_pass_and_are_recorded(env):
+    ev = evaluate(env, make_candidate("return torch.relu(a + b).t().contiguous().t()"))
+    assert ev.status == "passed", ev.reason
+    assert ev.verification["stride_notes"] == ["output 0 has strides (1, 32), the reference (64, 1)"]
+
+
+def test_two_output_candidate_passes(env):
+    assert evaluate(env, make_candidate("return a + b, a - b"), TWO_OUTPUTS).status == "passed"
+
+
+REFUSED = {
+    "unwritten output": ("return torch.empty_like(a)", "incorrect", "got nan"),
+    "partial output": ("""
+        out = torch.empty_like(a)
+        out[:16] = torch.relu(a[:16] + b[:16])
+        return out
+     """, "incorrect", "got nan"),
+    "constant output": ("return torch.zeros(32, 64)", "incorrect", "elements differ"),
+    "wrong values": ("return torch.relu(a + b) * 1.001", "incorrect", "output 0: "),
+    "wrong shape": ("return torch.relu(a + b).t()", "incorrect", "has shape (64, 32), expected (32, 64)"),
+    "wrong dtype": ("return torch.relu(a + b).double()", "incorrect", "dtype torch.float64"),
+    "wrong output count": ("return torch.relu(a + b), a", "incorrect", "returned 2 outputs, expected 1"),
+    "not a tensor": ("return 3", "incorrect", "output 0 is a int"),
+    "changes an input and returns it": ("return a.relu_().add_(b)", "rejected", "changed input 0"),
+    "output aliases an input": ("return a", "rejected", "shares memory with input 0"),
+    "output is a view of an input": ("return b.view(-1).view(32, 64)", "rejected", "shares memory with input 1"),
+    "zeroes an input": ("""
+        out = torch.relu(a + b)
+        b.zero_()
+        return out
+     """, "rejected", "changed input 1"),
+    "tensor subclass (lazy)": ("""
+        class Lazy(torch.Tensor):
+            pass
+        return torch.relu(a + b).as_subclass(Lazy)
+     """, "rejected", "subclass of torch.Tensor"),
+    "raises": ("return a[100]", "runtime_error", "<candidate> line"),
+}
+
+
+@pytest.mark.parametrize("case", REFUSED, ids=list(REFUSED))
+def test_broken_or_cheating_forward_is_refused(env, case):
+    body, status, reason = REFUSED[case]
+    ev = evaluate(env, make_candidate(body))
+    assert (ev.status, reason in ev.reason) == (status, True), ev.reason
+
+
+def test_result_cached_by_input_pointer_is_rejected(env):
+    ev = evaluate(env, make_candidate("""
+        key = (a.data_ptr(), b.data_ptr())
+        if key not in self.cache:
+            self.cache[key] = torch.relu(a + b)
+        return self.cache[key].clone()
+    """, init="self.cache = {}"))
+    assert ev.status == "rejected" and "cached (by input pointer or shape)" in ev.reason, ev.reason
+
+
+def test_result_cached_by_shape_is_rejected(env):
+    ev = evaluate(env, make_candidate("""
+        if a.shape not in self.cache:
+            self.cache[a.shape] = torch.relu(a + b)
+        return self.cache[a.shape].clone()
+    """, init="self.cache = {}"))
+    assert ev.status == "rejected" and "cached" in ev.reason, ev.reason
+
+
+def test_output_buffer_reused_across_calls_is_rejected(env):
+    ev = evaluate(env, make_candidate("""
+        torch.add(a, b, out=self.out)
+        return self.out.relu_()
+    """, init="self.out = torch.empty(32, 64)"))
+    assert ev.status == "rejected" and "output returned by an earlier call" in ev.reason, ev.reason
+
+
+def test_outputs_sharing_memory_are_rejected(env):
+    ev = evaluate(env, make_candidate("""
+        s = a + b
+        return s, s
+    """), TWO_OUTPUTS)
+    assert ev.status == "rejected" and "outputs 0 and 1 share memory" in ev.reason, ev.reason
+
+
+def test_work_left_in_a_thread_is_rejected(env):
+    ev = evaluate(env, make_candidate("""
+        out = torch.empty_like(a)
+        def finish():
+            time.sleep(0.2)
+            torch.add(a, b, out=out).relu_()
+        threading.Thread(target=finish, name="finisher").start()
+        return out
+    """, header="import threading, time"))
+    assert ev.status == "rejected" and "left a thread running (finisher)" in ev.reason, ev.reason
+    assert ev.worker_restarted
+    assert evaluate(env, GOOD_ADD_RELU).status == "passed"
+
+
+@pytest.mark.parametrize("flip, seen", [
+    ("torch.backends.cuda.matmul.allow_tf32 = True", "torch.backends.cuda.matmul.allow_tf32: False -> True"),
+    ("torch.set_float32_matmul_precision('medium')", "torch.get_float32_matmul_precision(): highest -> medium"),
+    ("torch.backends.cuda.matmul.fp32_precision = 'tf32'", "fp32_precision(cuda, matmul): ieee -> tf32"),
+    ("torch.backends.cudnn.allow_tf32 = True", "torch.backends.cudnn.allow_tf32: False -> True"),
+    ("torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction = True",
+     "allow_bf16_reduced_precision_reduction: False -> True"),
+    ("torch.set_default_dtype(torch.float64)", "torch.get_default_dtype(): torch.float32 -> torch.float64"),
+    ("torch.set_num_threads(torch.get_num_threads() + 1)", "torch.get_num_threads()"),
+    ("torch.use_deterministic_algorithms(True)", "torch.use_deterministic_algorithms"),
+])
+def test_flipping_a_global_switch_in_forward_is_rejected_and_undone(env, flip, seen):
+    ev = evaluate(env, make_candidate(f"""
+        {flip}
+        return torch.relu(a + b)
+    """))
+    assert ev.status == "rejected" and seen in ev.reason, ev.reason
+    assert not ev.worker_restarted  # put back, so the worker stays
+    assert evaluate(env, GOOD_ADD_RELU).status == "passed"
+
+
+def test_flipping_a_switch_at_import_is_rejected_at_load(env):
+    ev = evaluate(env, make_candidate("return torch.relu(a + b)",
+                                      header="torch.backends.cuda.matmul.allow_tf32 = True"))
+    assert ev.status == "rejected" and "loading the candidate changed" in ev.reason, ev.reason
+    assert "torch.backends.cuda.matmul.allow_tf32: False -> True" in ev.reason
+
+
+def test_switching_off_output_poisoning_is_rejected(env):
+    ev = evaluate(env, make_candidate("""
+        torch.utils.deterministic.fill_uninitialized_memory = False
+        return torch.relu(a + b)
+    """))
+    assert ev.status == "rejected" and "fill_uninitialized_memory" in ev.reason, ev.reason
+
+
+@pytest.mark.parametrize("patch, name", [
+    ("time.perf_counter = lambda: 0.0", "time.perf_counter"),
+    ("torch.cuda.synchronize = lambda *args, **kwargs: None", "torch.cuda.synchronize"),
+    ("torch.cuda.Event.elapsed_time = lambda self, end: 0.001", "torch.cuda.streams.Event.elapsed_time"),
+])
+def test_patching_a_timer_is_rejected_and_the_worker_replaced(env, patch, name):
+    ev = evaluate(env, make_candidate("return torch.relu(a + b)", init=patch, header="import time"))
+    assert ev.status == "rejected" and f"replaced {name}" in ev.reason, ev.reason
+    assert ev.worker_restarted
+    assert evaluate(env, GOOD_ADD_RELU).status == "passed"
+
+
+COMPILE_ERRORS = {
+    "syntax error": (make_candidate("return a +* b"), "SyntaxError"),
+    "missing module": (make_candidate("return a + b", header="import no_such_module_here"),
+                       "ModuleNotFoundError: No module named 'no_such_module_here'"),
+    "raising __init__": (make_candidate("return a + b", init="raise ValueError('bad block size')"),
+                         "in __init__: raise ValueError('bad block size')\nValueError: bad block size"),
+    "no ModelNew": (make_candidate("return a + b").__class__("x = 1", "test"), "defines no class ModelNew"),
+    "compiler error": (make_candidate("return a + b", header="""
+        from agent_backend.env.compile_errors import CompileError
+        raise CompileError('kernel.cu(3): error: identifier "x" is undefined')
+     """), 'kernel.cu(3): error: identifier "x" is undefined'),
+}
+
+
+@pytest.mark.parametrize("case", COMPILE_ERRORS, ids=list(COMPILE_ERRORS))
+def test_compile_errors_come_back_short(env, case):
+    candidate, reason = COMPILE_ERRORS[case]
+    ev = evaluate(env, candidate)
+    assert ev.status == "compile_error" and reason in ev.reason, ev.reason
+    assert len(ev.reason) < 1000 and ev.verification == {}
+    if case == "compiler error":
+        assert ev.reason == reason  # the compiler's text alone, no traceback

@@ -1,0 +1,121 @@
+"""Worker supervision on the CPU: candidates that abort, segfault, exit or hang end with a
+clear verdict within their time limit, the worker is replaced, and the next evaluation passes;
+evaluations spread over several workers; profiling returns numbers."""
+from __future__ import annotations
+
+import dataclasses
+import os
+import signal
+import time
+from contextlib import contextmanager
+
+import pytest
+
+from agent_backend.env import Environment, Evaluation, Timeouts
+from test_env_cases import GOOD_ADD_RELU, add_relu_task, make_candidate
+
+TASK = add_relu_task()
+SHORT_S = 3.0
+
+
+@pytest.fixture(scope="module")
+def env():
+    # compile_s also bounds Inductor's compile of the reference, which can take a minute cold.
+    with Environment(["cpu"], Timeouts(compile_s=120, verify_s=30, profile_s=120, start_s=120)) as env:
+        yield env
+
+
+@contextmanager
+def short_limits(env):
+    saved = env.timeouts
+    env.timeouts = dataclasses.replace(saved, compile_s=SHORT_S, verify_s=SHORT_S)
+    try:
+        yield
+    finally:
+        env.timeouts = saved
+
+
+def assert_recovers(env, ev: Evaluation):
+    assert ev.worker_restarted
+    assert env.evaluate(TASK, GOOD_ADD_RELU, profile=False).status == "passed"
+
+
+CRASHES = {
+    "abort": ("x = 1\nos.abort()", "SIGABRT"),
+    "segfault": ("ctypes.string_at(0)", "SIGSEGV"),
+    "exit": ("os._exit(3)", "exited with code 3"),
+}
+
+
+@pytest.mark.parametrize("case", CRASHES, ids=list(CRASHES))
+def test_crashing_forward_gives_crash_verdict_and_a_new_worker(env, case):
+    body, reason = CRASHES[case]
+    ev = env.evaluate(TASK, make_candidate(body, header="import ctypes, os"), profile=False)
+    assert ev.status == "crash" and reason in ev.reason and "during verify" in ev.reason, ev.reason
+    if case != "exit":  # faulthandler's dump names the line
+        assert "at <candidate> line" in ev.reason and "in forward" in ev.reason, ev.reason
+    assert_recovers(env, ev)
+
+
+@pytest.mark.parametrize("where, phase", [("forward", "verify"), ("__init__", "compile")])
+def test_infinite_loop_times_out_without_hanging_the_caller(env, where, phase):
+    loop = "while True:\n    pass"
+    candidate = make_candidate(loop if where == "forward" else "return a + b", init=loop if where == "__init__" else "pass")
+    with short_limits(env):
+        start = time.monotonic()
+        ev = env.evaluate(TASK, candidate, profile=False)
+        elapsed = time.monotonic() - start
+    assert ev.status == "timeout" and f"{phase} ran past its limit of 3 s" in ev.reason, ev.reason
+    assert "at <candidate> line" in ev.reason and f"in {where}" in ev.reason, ev.reason
+    assert elapsed < SHORT_S + 15
+    assert_recovers(env, ev)
+
+
+def test_worker_killed_while_idle_is_replaced_silently(env):
+    env.evaluate(TASK, GOOD_ADD_RELU, profile=False)
+    (handle,) = env._handles
+    os.kill(handle.process.pid, signal.SIGKILL)
+    handle.process.wait()
+    assert env.evaluate(TASK, GOOD_ADD_RELU, profile=False).status == "passed"
+
+
+def test_sys_exit_in_forward_is_a_runtime_error(env):
+    ev = env.evaluate(TASK, make_candidate("sys.exit(0)", header="import sys"), profile=False)
+    assert ev.status == "runtime_error" and "SystemExit" in ev.reason, ev.reason
+
+
+def test_profile_on_cpu_returns_numbers(env):
+    ev = env.evaluate(TASK, GOOD_ADD_RELU, profile=True)
+    assert ev.status == "passed", ev.reason
+    profile = ev.profile
+    assert "note" not in profile, profile["note"]
+    for name in ("ours_ms", "inductor_ms", "eager_ms"):
+        stats = profile[name]
+        assert stats["trials"] >= 20 and 0 < stats["p10"] <= stats["median"] <= stats["p90"], (name, stats)
+    assert profile["speedup_vs_inductor"] == pytest.approx(profile["inductor_ms"]["median"] / profile["ours_ms"]["median"])
+    assert profile["min_speedup"] == 1.05
+    assert not profile["wins"]  # host times include torch.compile's wrappers: never a basis for a win
+    assert ev.verification["trials"] == 7  # the check after timing is one more trial
+    assert Evaluation.from_json(ev.to_json()) == ev
+
+
+def test_candidate_that_caches_only_once_timing_starts_is_caught_after_timing(env):
+    ev = env.evaluate(TASK, make_candidate("""
+        self.calls += 1
+        key = (a.data_ptr(), b.data_ptr())
+        if self.calls > 12 and key in self.cache:
+            return self.cache[key].clone()
+        self.cache[key] = torch.relu(a + b)
+        return self.cache[key].clone()
+    """, init="self.calls = 0\nself.cache = {}"), profile=True)
+    assert ev.status in ("rejected", "incorrect") and ev.reason.startswith("after timing: "), ev.reason
+    assert ev.profile is None
+
+
+def test_evaluate_many_spreads_over_workers_and_keeps_order():
+    candidates = [GOOD_ADD_RELU, make_candidate("os.abort()", header="import os"), make_candidate("return a")]
+    with Environment(["cpu", "cpu"], Timeouts(compile_s=30, verify_s=30, start_s=120)) as env:
+        evaluations = env.evaluate_many(TASK, candidates, profile=False)
+        processes = [h.process for h in env._handles]
+    assert [ev.status for ev in evaluations] == ["passed", "crash", "rejected"]
+    assert all(p.poll() is not None for p in processes)  # closed: no worker left behind
