@@ -1,6 +1,14 @@
-"""Shared test set-up: `gpu` tests skip cleanly where CUDA is missing."""
+"""Shared test set-up: `gpu` tests skip cleanly where CUDA is missing, and no test touches the
+user's own cache (~/.cache/cuda_agent)."""
+import os
+import tempfile
+
 import pytest
 import torch
+
+
+def pytest_configure(config):
+    os.environ["CUDA_AGENT_CACHE_DIR"] = tempfile.mkdtemp(prefix="cuda_agent_tests_")
 
 
 def pytest_collection_modifyitems(config, items):

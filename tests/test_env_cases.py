@@ -102,3 +102,14 @@ def test_task_program_matches_its_signature(task):
     outputs = model(*random_inputs(task.inputs, 0))
     outputs = outputs if isinstance(outputs, tuple) else (outputs,)
     assert [TensorSpec.of(o) for o in outputs] == list(task.outputs)
+
+
+# A cheat that behaves while verified and replays cached results once timing repeats inputs.
+CACHES_ONCE_TIMED = make_candidate("""
+        self.calls += 1
+        key = (a.data_ptr(), b.data_ptr())
+        if self.calls > 12 and key in self.cache:
+            return self.cache[key].clone()
+        self.cache[key] = torch.relu(a + b)
+        return self.cache[key].clone()
+    """, init="self.calls = 0\nself.cache = {}")

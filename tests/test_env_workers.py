@@ -12,7 +12,7 @@ from contextlib import contextmanager
 import pytest
 
 from agent_backend.env import Environment, Evaluation, Timeouts
-from test_env_cases import GOOD_ADD_RELU, add_relu_task, make_candidate
+from test_env_cases import CACHES_ONCE_TIMED, GOOD_ADD_RELU, add_relu_task, make_candidate
 
 TASK = add_relu_task()
 SHORT_S = 3.0
@@ -100,14 +100,7 @@ def test_profile_on_cpu_returns_numbers(env):
 
 
 def test_candidate_that_caches_only_once_timing_starts_is_caught_after_timing(env):
-    ev = env.evaluate(TASK, make_candidate("""
-        self.calls += 1
-        key = (a.data_ptr(), b.data_ptr())
-        if self.calls > 12 and key in self.cache:
-            return self.cache[key].clone()
-        self.cache[key] = torch.relu(a + b)
-        return self.cache[key].clone()
-    """, init="self.calls = 0\nself.cache = {}"), profile=True)
+    ev = env.evaluate(TASK, CACHES_ONCE_TIMED, profile=True)
     assert ev.status in ("rejected", "incorrect") and ev.reason.startswith("after timing: "), ev.reason
     assert ev.profile is None
 

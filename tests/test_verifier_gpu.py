@@ -12,7 +12,7 @@ import dataclasses
 import pytest
 
 from agent_backend.env import Environment, Timeouts
-from test_env_cases import add_relu_task, make_candidate, matmul_task
+from test_env_cases import CACHES_ONCE_TIMED, add_relu_task, make_candidate, matmul_task
 
 pytestmark = pytest.mark.gpu
 
@@ -335,12 +335,5 @@ def test_torch_compile_overhead_is_no_false_speedup(env, name, task, candidate):
 
 
 def test_candidate_that_caches_only_once_timing_starts_is_caught_after_timing(env):
-    ev = env.evaluate(TASK, make_candidate("""
-        self.calls += 1
-        key = (a.data_ptr(), b.data_ptr())
-        if self.calls > 12 and key in self.cache:
-            return self.cache[key].clone()
-        self.cache[key] = torch.relu(a + b)
-        return self.cache[key].clone()
-    """, init="self.calls = 0\nself.cache = {}"), profile=True)
+    ev = env.evaluate(TASK, CACHES_ONCE_TIMED, profile=True)
     assert ev.status in ("rejected", "incorrect") and ev.reason.startswith("after timing: "), ev.reason
