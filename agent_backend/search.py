@@ -4,10 +4,9 @@ a winner, "Inductor wins", or why the search failed."""
 from __future__ import annotations
 
 import logging
-import platform
 import time
 
-from kernel_cache import Entry
+from kernel_cache import Entry, make_provenance
 
 from .specs import Task
 
@@ -16,12 +15,6 @@ log = logging.getLogger("cuda_agent.search")
 
 def _median_ms(ev, who: str) -> float:
     return ev.profile[f"{who}_ms"]["median"]
-
-
-def _provenance(policy_name: str) -> dict:
-    from . import __version__
-    return {"policy": policy_name, "model": None, "host": platform.node(), "time": time.time(),
-            "version": __version__}
 
 
 def search_task(task: Task, env, policy, *, budget_s: float, max_candidates: int) -> Entry:
@@ -47,7 +40,7 @@ def search_task(task: Task, env, policy, *, budget_s: float, max_candidates: int
                     best is None or _median_ms(ev, "ours") < _median_ms(best[1], "ours")):
                 best = (cand, ev)
         feedback.extend(results)
-    provenance = _provenance(policy.name)
+    provenance = make_provenance(policy.name)
     elapsed = time.monotonic() - start
     if best is None:
         if evaluated == 0:

@@ -1,0 +1,56 @@
+"""The search loop over a real worker pool on CPU tasks: the fastest verified candidate is kept,
+broken ones are reported, and the entry says why (on CPU a kernel never wins: host timings
+include torch.compile's wrappers, so the environment never calls them wins)."""
+import pytest
+
+from agent_backend.env import Environment, Timeouts
+from agent_backend.search import search_task
+from test_env_cases import add_relu_task, make_candidate
+
+TASK = add_relu_task()
+
+
+class ListPolicy:
+    """A policy that proposes a fixed list once: the smallest real policy."""
+
+    name = "test-list"
+
+    def __init__(self, candidates, why_not=None):
+        self.candidates, self._why_not = candidates, why_not
+
+    def why_not(self, task):
+        return self._why_not
+
+    def propose(self, task, feedback):
+        return [] if feedback else list(self.candidates)
+
+
+@pytest.fixture(scope="module")
+def env():
+    with Environment(["cpu"], Timeouts(compile_s=120, verify_s=60, profile_s=180, start_s=120)) as env:
+        yield env
+
+
+def test_keeps_a_verified_candidate_and_records_evidence(env):
+    wrong = make_candidate("return torch.relu(a - b)")
+    good = make_candidate("return torch.clamp_min(a + b, 0.0)")
+    entry = search_task(TASK, env, ListPolicy([wrong, good]), budget_s=600, max_candidates=8)
+    assert entry.outcome == "inductor" and entry.reason.startswith(("Inductor wins", "not timed"))
+    assert entry.source is None, "a loser's source is not kept"
+    assert entry.timings["evaluated"] == 2 and entry.timings["ours_ms"]["trials"] > 0
+    assert entry.verification["trials"] >= 5
+    assert entry.task == TASK.to_json() and entry.provenance["policy"] == "test-list"
+
+
+def test_failed_search_says_why(env):
+    entry = search_task(TASK, env, ListPolicy([make_candidate("return a")]), budget_s=600, max_candidates=8)
+    assert entry.outcome == "failed" and entry.reason.startswith("no candidate of 1 passed")
+    nothing = search_task(TASK, env, ListPolicy([], why_not="no template for this"), budget_s=600,
+                          max_candidates=8)
+    assert nothing.outcome == "failed" and nothing.reason == "no template for this"
+
+
+def test_max_candidates_is_respected(env):
+    cands = [make_candidate("return torch.relu(a + b)") for _ in range(3)]
+    entry = search_task(TASK, env, ListPolicy(cands), budget_s=600, max_candidates=1)
+    assert entry.timings["evaluated"] == 1
