@@ -11,6 +11,7 @@ import torch
 import torch.fx as fx
 from torch._inductor.custom_graph_pass import CustomGraphPass
 
+from . import runtime  # noqa: F401  (registers torch.ops.cuda_agent.run_winner)
 from .partition import Group, partition
 from .specs import Task
 from .task import UnsupportedGroup, boundary, extract_task
@@ -40,7 +41,7 @@ class GraphReport:
                 f"kernels, {len(self.decisions) - won} left to Inductor" + (f" ({left})" if left else ""))
 
 
-def rewrite(graph: fx.Graph, group: Group, task: Task, key: str) -> None:
+def rewrite(graph: fx.Graph, group: Group, key: str) -> None:
     """Replace the group's nodes with one run_winner call and getitems for its outputs."""
     members = set(group.nodes)
     inputs, outputs = boundary(group)
@@ -81,7 +82,7 @@ class SubgraphPass(CustomGraphPass):
             decision = self.decide(task)
             report.decisions.append(decision)
             if decision.winner_key:
-                rewrite(graph, group, task, decision.winner_key)
+                rewrite(graph, group, decision.winner_key)
         graph.lint()
         log.info(report.summary())
 
