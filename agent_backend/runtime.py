@@ -7,8 +7,9 @@ after it passed verification (or came from a trusted cache layer).
 """
 from __future__ import annotations
 
+import contextlib
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable
 
 import torch
@@ -16,15 +17,32 @@ import torch
 from .specs import TensorSpec
 
 
+def _instantiate(key: str, source: str, origin: str, device: torch.device) -> Callable[..., object]:
+    """Execute a verified candidate's source with `device` current (kernels load into the
+    current device's context) and return its ModelNew().forward."""
+    namespace: dict = {"__name__": f"cuda_agent_winner_{key[:12]}"}
+    context = torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
+    with context:
+        exec(compile(source, f"<winner {key[:12]} {origin}>", "exec"), namespace)
+        return namespace["ModelNew"]().forward
+
+
 @dataclass
 class Winner:
-    """A loaded, verified kernel for one task signature."""
+    """A verified kernel for one task signature, loaded once per device it runs on."""
 
     key: str
-    forward: Callable[..., object]  # ModelNew().forward
+    source: str
     outputs: tuple[TensorSpec, ...]
     origin: str
     calls: int = 0
+    forwards: dict = field(default_factory=dict)  # torch.device -> ModelNew().forward
+
+    def forward_on(self, device: torch.device) -> Callable[..., object]:
+        forward = self.forwards.get(device)
+        if forward is None:
+            forward = self.forwards[device] = _instantiate(self.key, self.source, self.origin, device)
+        return forward
 
 
 _registry: dict[str, Winner] = {}
@@ -40,12 +58,12 @@ def registered(key: str) -> Winner | None:
     return _registry.get(key)
 
 
-def load_winner(key: str, source: str, outputs: tuple[TensorSpec, ...], origin: str) -> Winner:
-    """Execute a verified candidate's source in this process and register its ModelNew."""
-    namespace: dict = {"__name__": f"cuda_agent_winner_{key[:12]}"}
-    exec(compile(source, f"<winner {key[:12]} {origin}>", "exec"), namespace)
-    module = namespace["ModelNew"]()
-    winner = Winner(key=key, forward=module.forward, outputs=outputs, origin=origin)
+def load_winner(key: str, source: str, outputs: tuple[TensorSpec, ...], origin: str, device_type: str) -> Winner:
+    """Load a verified candidate on the current device now (so a load failure shows at compile
+    time, where Inductor can take over) and register it; other devices load on first use."""
+    winner = Winner(key=key, source=source, outputs=outputs, origin=origin)
+    current = torch.device("cuda", torch.cuda.current_device()) if device_type == "cuda" else torch.device(device_type)
+    winner.forward_on(current)
     register(winner)
     return winner
 
@@ -66,7 +84,7 @@ def run_winner(key: str, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
             f"cuda_agent: no kernel is loaded for {key!r} in this process; this graph was compiled "
             "in another process. Re-run torch.compile (the cache makes it fast).")
     winner.calls += 1
-    result = winner.forward(*inputs)
+    result = winner.forward_on(inputs[0].device)(*inputs)
     outs = [result] if isinstance(result, torch.Tensor) else list(result)
     return [_conform(o, s) for o, s in zip(outs, winner.outputs)]
 
