@@ -85,6 +85,15 @@ def main() -> None:
     if not torch.cuda.is_available():
         sys.exit("needs a CUDA GPU")
     os.environ["CUDA_AGENT_CACHE_DIR"] = str(args.cache_dir or tempfile.mkdtemp(prefix="cuda_agent_bench_"))
+    results = measure(runs=args.runs, skip_extension=args.skip_extension)
+    print_table(results)
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(results, indent=2) + "\n")
+
+
+def measure(runs: int = 5, skip_extension: bool = False) -> dict:
+    """Compile time per path and launch overhead per path, on the current GPU."""
     torch.cuda.init()
     x = torch.zeros(1, device="cuda")
 
@@ -100,9 +109,9 @@ def main() -> None:
     compile_s = results["compile_s"]
     compile_s["launcher build (once per machine)"] = seconds(launcher_module)
     if nvrtc.nvrtc_compiler():
-        compile_s["nvrtc"] = compile_times("nvrtc", args.runs)
+        compile_s["nvrtc"] = compile_times("nvrtc", runs)
     if nvrtc.nvcc_compiler():
-        compile_s["nvcc -cubin"] = compile_times("nvcc", args.runs)
+        compile_s["nvcc -cubin"] = compile_times("nvcc", runs)
     compile_s["load_kernel (compile + load), cold"] = seconds(
         lambda: load_kernel(unique(NOOP), "noop", ["ptr", "i32"]))
 
@@ -113,7 +122,7 @@ def main() -> None:
         compiled = torch.cuda._compile_kernel(NOOP, "noop")
         overhead["torch.cuda._compile_kernel (ctypes)"] = launch_overhead_us(
             lambda: compiled(grid=(1, 1, 1), block=(32, 1, 1), args=[x, 1]))
-    if not args.skip_extension:
+    if not skip_extension:
         with keyed_extension_builds(Path(os.environ["CUDA_AGENT_CACHE_DIR"]) / "extensions"):
             from torch.utils.cpp_extension import load_inline
 
@@ -124,10 +133,7 @@ def main() -> None:
         overhead["load_inline extension"] = launch_overhead_us(lambda: ext.launch_noop(x, 1))
     overhead["torch op x.zero_() (1 element), reference"] = launch_overhead_us(x.zero_)
 
-    print_table(results)
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(results, indent=2) + "\n")
+    return results
 
 
 def print_table(results: dict) -> None:

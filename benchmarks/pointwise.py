@@ -69,21 +69,15 @@ class _Fn(torch.nn.Module):
         return self.fn(*xs)
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--out", help="also write the results as JSON here")
-    parser.add_argument("--only", help="run only cases whose name contains this")
-    args = parser.parse_args()
-    if not torch.cuda.is_available():
-        print("needs a CUDA GPU")
-        return 1
+def run_cases(only: str | None = None) -> dict:
+    """Search each case's pointwise task with the built-in policy, as the backend would."""
     settings = resolve({})
     env = shared_environment(None, user_precision(settings), settings.min_speedup)
     policy = BuiltinPolicy()
     copy_gbs = copy_bandwidth_gbs()
     rows = []
     for name, (fn, inputs) in cases().items():
-        if args.only and args.only not in name:
+        if only and only not in name:
             continue
         tasks = [t for t in tasks_of(trace_tasks(_Fn(fn), inputs, backward=False)) if t.kind == "pointwise"]
         task = max(tasks, key=lambda t: len(t.ops))
@@ -101,21 +95,37 @@ def main() -> int:
         rows.append(row)
         print(json.dumps({k: v for k, v in row.items() if k != "timings"}), flush=True)
     env.close()
-    header = f"{'case':<26} {'ours ms':>9} {'inductor':>9} {'eager':>9} {'vs ind':>7} {'vs eager':>8} {'GB/s':>7} {'of copy':>7}  outcome"
-    print(f"\nGPU: {torch.cuda.get_device_name()} | torch {torch.__version__} | copy {copy_gbs:.0f} GB/s | "
-          f"{datetime.date.today()}")
-    print(header)
-    for r in rows:
+    return {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "date": str(datetime.date.today()),
+            "copy_gbs": copy_gbs, "rows": rows}
+
+
+def print_rows(results: dict) -> None:
+    print(f"\nGPU: {results['gpu']} | torch {results['torch']} | copy {results['copy_gbs']:.0f} GB/s | "
+          f"{results['date']}")
+    print(f"{'case':<26} {'ours ms':>9} {'inductor':>9} {'eager':>9} {'vs ind':>7} {'vs eager':>8} {'GB/s':>7} "
+          f"{'of copy':>7}  outcome")
+    for r in results["rows"]:
         if "ours_ms" in r:
             print(f"{r['case']:<26} {r['ours_ms']:>9.4f} {r['inductor_ms']:>9.4f} {r['eager_ms']:>9.4f} "
                   f"{r['speedup_vs_inductor']:>6.2f}x {r['speedup_vs_eager']:>7.2f}x {r['gbs']:>7.0f} "
                   f"{r['copy_fraction']:>6.0%}  {r['outcome']}")
         else:
-            print(f"{r['case']:<26} {'-':>9} {'':>9} {'':>9} {'':>7} {'':>8} {'':>7} {'':>7}  {r['outcome']}: {r['reason'][:80]}")
+            print(f"{r['case']:<26} {'-':>9} {'':>9} {'':>9} {'':>7} {'':>8} {'':>7} {'':>7}  "
+                  f"{r['outcome']}: {r['reason'][:80]}")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out", help="also write the results as JSON here")
+    parser.add_argument("--only", help="run only cases whose name contains this")
+    args = parser.parse_args()
+    if not torch.cuda.is_available():
+        print("needs a CUDA GPU")
+        return 1
+    results = run_cases(args.only)
+    print_rows(results)
     if args.out:
-        Path(args.out).write_text(json.dumps({
-            "gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "date": str(datetime.date.today()),
-            "copy_gbs": copy_gbs, "rows": rows}, indent=2))
+        Path(args.out).write_text(json.dumps(results, indent=2))
     return 0
 
 
