@@ -42,14 +42,14 @@ def _swish_task(model, x):
     return matches[0]
 
 
-def _put_winner(task, source):
+def _put_winner(task, source, cache_dir=None, trust_key=None):
     from kernel_cache import Entry, KernelCache, make_key
     settings = resolve({})
     key = make_key(task.hash, task.inputs, "cpu", user_precision(settings))
     entry = Entry(outcome="kernel", reason="supplied by a test", source=source, origin="test", binaries={},
                   launch={}, timings={}, verification={}, provenance={"policy": "test"}, task=task.to_json(),
                   key=key.to_json(), last_used=time.time(), created=time.time(), format_version=1, signature=None)
-    cache = KernelCache.open()
+    cache = KernelCache.open(cache_dir=cache_dir, trust_key=trust_key)
     cache.put(key, entry)
     cache.close()
     return key.digest
@@ -101,3 +101,23 @@ def test_broken_cached_winner_falls_back(cache_dir):
     eager, _ = run_fwd_bwd(model, [x])
     assert_close_lists(out, eager, 1e-5, 1e-5, "output")
     assert runtime.registered(key) is None
+
+
+def test_team_entry_runs_only_when_signed_with_a_trusted_key(cache_dir, tmp_path):
+    """A team cache is code written elsewhere: unsigned, it is not run here (a CPU task cannot
+    be re-verified on a GPU); signed with the user's key, it is trusted and dispatched."""
+    torch.manual_seed(0)
+    model, x = Net(), torch.randn(4, 16)
+    team = tmp_path / "team"
+    key = _put_winner(_swish_task(model, x), SWISH_BIAS, cache_dir=team, trust_key="team-secret")
+    runtime._registry.pop(key, None)
+    seen = len(backend.reports)
+    run_fwd_bwd(model, [x], "cuda_agent", options={"mode": "cached", "team_cache": [str(team)]})
+    assert runtime.registered(key) is None, "an untrusted team entry ran without verification"
+    reasons = [d.reason for r in backend.reports[seen:] for d in r.decisions]
+    assert any("failed verification here" in r for r in reasons), reasons
+    out, _ = run_fwd_bwd(model, [x], "cuda_agent",
+                         options={"mode": "cached", "team_cache": [str(team)], "trust_key": "team-secret"})
+    assert runtime.registered(key) is not None and runtime.registered(key).calls >= 1
+    eager, _ = run_fwd_bwd(model, [x])
+    assert_close_lists(out, eager, 1e-5, 1e-5, "output")
