@@ -18,7 +18,8 @@ from pathlib import Path
 
 import torch
 
-from agent_backend.dispatch import user_precision, shared_environment
+from agent_backend.dispatch import user_precision
+from agent_backend.env import Environment
 from agent_backend.explain import tasks_of, trace_tasks
 from agent_backend.options import resolve
 from agent_backend.policies.builtin import BuiltinPolicy
@@ -72,29 +73,29 @@ class _Fn(torch.nn.Module):
 def run_cases(only: str | None = None) -> dict:
     """Search each case's pointwise task with the built-in policy, as the backend would."""
     settings = resolve({})
-    env = shared_environment(None, user_precision(settings), settings.min_speedup)
-    policy = BuiltinPolicy()
-    copy_gbs = copy_bandwidth_gbs()
-    rows = []
-    for name, (fn, inputs) in cases().items():
-        if only and only not in name:
-            continue
-        tasks = [t for t in tasks_of(trace_tasks(_Fn(fn), inputs, backward=False)) if t.kind == "pointwise"]
-        task = max(tasks, key=lambda t: len(t.ops))
-        entry = search_task(task, env, policy, budget_s=600, max_candidates=settings.max_candidates)
-        row = {"case": name, "ops": len(task.ops), "outcome": entry.outcome, "reason": entry.reason}
-        if entry.timings.get("ours_ms") and entry.timings.get("inductor_ms"):
-            t = entry.timings
-            nbytes = sum(math.prod(s.shape) * torch.empty(0, dtype=s.torch_dtype).element_size()
-                         for s in task.inputs + task.outputs)
-            ours = t["ours_ms"]["median"]
-            row.update(ours_ms=ours, inductor_ms=t["inductor_ms"]["median"], eager_ms=t["eager_ms"]["median"],
-                       speedup_vs_inductor=t["speedup_vs_inductor"], speedup_vs_eager=t["speedup_vs_eager"],
-                       gbs=nbytes / (ours * 1e-3) / 1e9, origin=entry.origin, timings=t)
-            row["copy_fraction"] = row["gbs"] / copy_gbs
-        rows.append(row)
-        print(json.dumps({k: v for k, v in row.items() if k != "timings"}), flush=True)
-    env.close()
+    # Its own pool, closed at the end (not the process-wide one the backend shares).
+    with Environment(precision=user_precision(settings), min_speedup=settings.min_speedup) as env:
+        policy = BuiltinPolicy()
+        copy_gbs = copy_bandwidth_gbs()
+        rows = []
+        for name, (fn, inputs) in cases().items():
+            if only and only not in name:
+                continue
+            tasks = [t for t in tasks_of(trace_tasks(_Fn(fn), inputs, backward=False)) if t.kind == "pointwise"]
+            task = max(tasks, key=lambda t: len(t.ops))
+            entry = search_task(task, env, policy, budget_s=600, max_candidates=settings.max_candidates)
+            row = {"case": name, "ops": len(task.ops), "outcome": entry.outcome, "reason": entry.reason}
+            if entry.timings.get("ours_ms") and entry.timings.get("inductor_ms"):
+                t = entry.timings
+                nbytes = sum(math.prod(s.shape) * torch.empty(0, dtype=s.torch_dtype).element_size()
+                             for s in task.inputs + task.outputs)
+                ours = t["ours_ms"]["median"]
+                row.update(ours_ms=ours, inductor_ms=t["inductor_ms"]["median"], eager_ms=t["eager_ms"]["median"],
+                           speedup_vs_inductor=t["speedup_vs_inductor"], speedup_vs_eager=t["speedup_vs_eager"],
+                           gbs=nbytes / (ours * 1e-3) / 1e9, origin=entry.origin, timings=t)
+                row["copy_fraction"] = row["gbs"] / copy_gbs
+            rows.append(row)
+            print(json.dumps({k: v for k, v in row.items() if k != "timings"}), flush=True)
     return {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "date": str(datetime.date.today()),
             "copy_gbs": copy_gbs, "rows": rows}
 
