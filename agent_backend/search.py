@@ -17,6 +17,15 @@ def _median_ms(ev, who: str) -> float:
     return ev.profile[f"{who}_ms"]["median"]
 
 
+def _phase_totals(evaluations) -> dict[str, float]:
+    """Seconds spent per worker phase over all candidates: where a search's time went."""
+    totals: dict[str, float] = {}
+    for ev in evaluations:
+        for phase, seconds in ev.phase_s.items():
+            totals[phase] = round(totals.get(phase, 0.0) + seconds, 3)
+    return totals
+
+
 def search_task(task: Task, env, policy, *, budget_s: float, max_candidates: int) -> Entry:
     """Run the loop and return the entry to cache (never raises for a bad candidate)."""
     start = time.monotonic()
@@ -49,10 +58,11 @@ def search_task(task: Task, env, policy, *, budget_s: float, max_candidates: int
             statuses = sorted({f"{ev.status}: {ev.reason}" for ev in feedback})
             reason = f"no candidate of {evaluated} passed ({'; '.join(statuses)[:300]})"
         return Entry(outcome="failed", reason=reason, source=None, origin=policy.name, binaries={},
-                     launch={}, timings={"search_s": elapsed, "evaluated": evaluated}, verification={},
+                     launch={}, timings={"search_s": elapsed, "evaluated": evaluated,
+                                                             "phase_s": _phase_totals(feedback)}, verification={},
                      provenance=provenance, task=task.to_json())
     cand, ev = best
-    timings = dict(ev.profile, search_s=elapsed, evaluated=evaluated)
+    timings = dict(ev.profile, search_s=elapsed, evaluated=evaluated, phase_s=_phase_totals(feedback))
     speedup = ev.profile["speedup_vs_inductor"]
     if ev.profile["wins"]:  # faster than Inductor by more than the environment's min_speedup
         outcome, reason = "kernel", f"{speedup:.2f}x faster than Inductor ({cand.origin})"

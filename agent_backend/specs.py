@@ -60,22 +60,33 @@ class TensorSpec:
 
 
 def random_tensor(spec: TensorSpec, generator: torch.Generator, *, scale: float = 1.0,
-                  offset: float = 0.0, device: str | None = None) -> torch.Tensor:
-    """A tensor with `spec`'s shape and strides, filled from `generator` (on the CPU, so the
-    same seed gives the same values on any device), then moved to `device`."""
-    n = spec.storage_elements()
+                  offset: float = 0.0) -> torch.Tensor:
+    """A tensor with `spec`'s shape and strides, drawn by `generator` on the generator's device.
+    Drawing there (not on the CPU, then copying) keeps verification of large tasks fast: a
+    candidate is checked on a dozen or more fresh input sets."""
+    n, device = spec.storage_elements(), generator.device
     if spec.dtype == "bool":
-        flat = torch.rand(n, generator=generator) > 0.5
+        flat = torch.rand(n, generator=generator, device=device) > 0.5
     else:
-        flat = (torch.randn(n, generator=generator, dtype=torch.float64) * scale + offset).to(spec.torch_dtype)
-    flat = flat.to(device or spec.device)
+        # fp16/bf16 values are drawn in fp32 and rounded; fp64 is drawn in fp64.
+        draw_dtype = torch.float64 if spec.torch_dtype == torch.float64 else torch.float32
+        flat = (torch.randn(n, generator=generator, dtype=draw_dtype, device=device) * scale + offset).to(
+            spec.torch_dtype)
     return flat.as_strided(spec.shape, spec.stride)
 
 
 def random_inputs(specs: tuple[TensorSpec, ...] | list[TensorSpec], seed: int, *, scale: float = 1.0,
                   offset: float = 0.0, device: str | None = None) -> list[torch.Tensor]:
-    g = torch.Generator().manual_seed(seed)
-    return [random_tensor(s, g, scale=scale, offset=offset, device=device) for s in specs]
+    """Inputs for `specs` on `device` (default: each spec's own device). The same seed gives the
+    same values on the same kind of device."""
+    generators: dict[str, torch.Generator] = {}
+    tensors = []
+    for s in specs:
+        where = device or s.device
+        if where not in generators:
+            generators[where] = torch.Generator(device=where).manual_seed(seed)
+        tensors.append(random_tensor(s, generators[where], scale=scale, offset=offset))
+    return tensors
 
 
 @dataclass(frozen=True)

@@ -84,7 +84,8 @@ def run_cases(only: str | None = None) -> dict:
             tasks = [t for t in tasks_of(trace_tasks(_Fn(fn), inputs, backward=False)) if t.kind == "pointwise"]
             task = max(tasks, key=lambda t: len(t.ops))
             entry = search_task(task, env, policy, budget_s=600, max_candidates=settings.max_candidates)
-            row = {"case": name, "ops": len(task.ops), "outcome": entry.outcome, "reason": entry.reason}
+            row = {"case": name, "ops": len(task.ops), "outcome": entry.outcome, "reason": entry.reason,
+                   "search_s": round(entry.timings["search_s"], 1), "phase_s": entry.timings["phase_s"]}
             if entry.timings.get("ours_ms") and entry.timings.get("inductor_ms"):
                 t = entry.timings
                 nbytes = sum(math.prod(s.shape) * torch.empty(0, dtype=s.torch_dtype).element_size()
@@ -104,14 +105,14 @@ def print_rows(results: dict) -> None:
     print(f"\nGPU: {results['gpu']} | torch {results['torch']} | copy {results['copy_gbs']:.0f} GB/s | "
           f"{results['date']}")
     print(f"{'case':<26} {'ours ms':>9} {'inductor':>9} {'eager':>9} {'vs ind':>7} {'vs eager':>8} {'GB/s':>7} "
-          f"{'of copy':>7}  outcome")
+          f"{'of copy':>7} {'search':>7}  outcome")
     for r in results["rows"]:
         if "ours_ms" in r:
             print(f"{r['case']:<26} {r['ours_ms']:>9.4f} {r['inductor_ms']:>9.4f} {r['eager_ms']:>9.4f} "
                   f"{r['speedup_vs_inductor']:>6.2f}x {r['speedup_vs_eager']:>7.2f}x {r['gbs']:>7.0f} "
-                  f"{r['copy_fraction']:>6.0%}  {r['outcome']}")
+                  f"{r['copy_fraction']:>6.0%} {r['search_s']:>6.0f}s  {r['outcome']}")
         else:
-            print(f"{r['case']:<26} {'-':>9} {'':>9} {'':>9} {'':>7} {'':>8} {'':>7} {'':>7}  "
+            print(f"{r['case']:<26} {'-':>9} {'':>9} {'':>9} {'':>7} {'':>8} {'':>7} {'':>7} {r['search_s']:>6.0f}s  "
                   f"{r['outcome']}: {r['reason'][:80]}")
 
 

@@ -96,6 +96,8 @@ def test_profile_on_cpu_returns_numbers(env):
     assert profile["min_speedup"] == 1.05
     assert not profile["wins"]  # host times include torch.compile's wrappers: never a basis for a win
     assert ev.verification["trials"] == 7  # the check after timing is one more trial
+    assert set(ev.phase_s) == {"load", "verify", "profile"} | ({"prepare"} if "prepare" in ev.phase_s else set())
+    assert all(seconds > 0 for seconds in ev.phase_s.values())
     assert Evaluation.from_json(ev.to_json()) == ev
 
 

@@ -38,6 +38,9 @@ def test_keeps_a_verified_candidate_and_records_evidence(env):
     assert entry.outcome == "inductor" and entry.reason.startswith(("Inductor wins", "not timed"))
     assert entry.source is None, "a loser's source is not kept"
     assert entry.timings["evaluated"] == 2 and entry.timings["ours_ms"]["trials"] > 0
+    # Where the search's time went, summed over both candidates (the wrong one is not profiled).
+    assert {"load", "verify", "profile"} <= set(entry.timings["phase_s"])
+    assert sum(entry.timings["phase_s"].values()) <= entry.timings["search_s"]
     assert entry.verification["trials"] >= 5
     assert entry.task == TASK.to_json() and entry.provenance["policy"] == "test-list"
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.nn as nn
 
-from agent_backend.specs import Task, random_inputs
+from agent_backend.specs import Task, TensorSpec, random_inputs
 from agent_backend.task import load_program
 from helpers import collect_tasks
 from models import SwishBiasScale, MLP
@@ -96,3 +96,14 @@ def test_mlp_tasks_cover_forward_and_backward():
     kinds = {t.kind for t in tasks}
     assert "matmul" in kinds
     assert all(t.inputs and t.outputs for t in tasks)
+
+
+def test_random_inputs_follow_the_seed_spec_and_draw():
+    specs = [TensorSpec((3, 4), (1, 3), "float32", "cpu"), TensorSpec((5,), (1,), "bfloat16", "cpu"),
+             TensorSpec((2, 2), (2, 1), "bool", "cpu")]
+    a, b = random_inputs(specs, 7), random_inputs(specs, 7)
+    assert all(torch.equal(x, y) for x, y in zip(a, b))
+    assert not torch.equal(a[0], random_inputs(specs, 8)[0])
+    assert a[0].stride() == (1, 3) and a[1].dtype == torch.bfloat16 and a[2].dtype == torch.bool
+    big = random_inputs([TensorSpec((4096,), (1,), "float32", "cpu")], 0, scale=0.1, offset=3.0)[0]
+    assert abs(big.mean().item() - 3.0) < 0.02 and abs(big.std().item() - 0.1) < 0.01

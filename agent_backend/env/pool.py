@@ -23,6 +23,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 import weakref
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -254,9 +255,12 @@ class _Evaluation:
     def __init__(self, env: Environment, handle: WorkerHandle, task: Task, candidate: Candidate):
         self.env, self.handle, self.task, self.candidate = env, handle, task, candidate
         self.restarted = False
+        self.phase_s: dict[str, float] = {}
 
     def _call(self, message: dict, timeout_s: float, phase: str) -> Reply:
+        started = time.monotonic()
         reply = self.handle.request(message, timeout_s, phase, self.env.timeouts.start_s)
+        self.phase_s[message["op"]] = time.monotonic() - started
         if reply.failure:  # the handle has already replaced the worker
             self.restarted = True
         elif reply.data.get("restart"):  # the worker answered, but cannot be used any more
@@ -266,7 +270,7 @@ class _Evaluation:
 
     def _verdict(self, status: str, reason: str = "", **fields) -> Evaluation:
         return Evaluation(status=status, reason=reason, worker_restarted=self.restarted, device=self.handle.device,
-                          **fields)
+                          phase_s=dict(self.phase_s), **fields)
 
     def run(self, profile: bool) -> Evaluation:
         timeouts, task_json = self.env.timeouts, self.task.to_json()

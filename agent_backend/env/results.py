@@ -27,7 +27,8 @@ class Timeouts:
 class Evaluation:
     """The verdict on one candidate. Only status == "passed" means correct; `profile` is set
     only for a passed candidate evaluated with profiling, and `profile["wins"]` says whether it
-    beat Inductor by more than `profile["min_speedup"]`."""
+    beat Inductor by more than `profile["min_speedup"]`. `phase_s` holds the caller's wall time
+    per worker request ("prepare", "load", "verify", "profile"), worker restarts included."""
 
     status: str
     reason: str = ""
@@ -36,6 +37,7 @@ class Evaluation:
     profile: dict | None = None
     worker_restarted: bool = False
     device: str = ""
+    phase_s: dict = field(default_factory=dict)
 
     def __post_init__(self):
         if self.status not in STATUSES:
