@@ -43,6 +43,7 @@ class Dispatcher:
         self.settings = settings
         self.precision = user_precision(settings)
         self._cache = None
+        self._policy = None
         self._announced_search = False
 
     @property
@@ -54,12 +55,20 @@ class Dispatcher:
                                            trust_key=self.settings.trust_key)
         return self._cache
 
+    @property
+    def policy(self):
+        if self._policy is None:
+            from .policies import make_policy
+            self._policy = make_policy(self.settings)
+        return self._policy
+
     def decide(self, task: Task) -> Decision:
         from kernel_cache import make_key
         device = task.inputs[0].device if task.inputs else task.outputs[0].device
         key = make_key(task.hash, task.inputs, device, self.precision)
         lookup = self.cache.get(key)
-        if lookup is not None:
+        no_search = self._why_no_search(device)
+        if lookup is not None and (no_search or not self.is_stale_loser(lookup.entry)):
             entry = lookup.entry
             if entry.outcome != "kernel":
                 return Decision(task, None, f"cached: {entry.reason}")
@@ -68,28 +77,43 @@ class Dispatcher:
                 if entry is None:
                     return Decision(task, None, f"{lookup.layer} entry failed verification here")
             return self._dispatch(task, key.digest, entry)
-        if device != "cuda":
-            return Decision(task, None, f"{device} tensors: our kernels are CUDA only")
-        if self.settings.mode != "search":
-            return Decision(task, None, f"no cached winner (mode={self.settings.mode})")
-        if not torch.cuda.is_available():
-            return Decision(task, None, "no CUDA device to search on")
+        if no_search:
+            return Decision(task, None, no_search)
+        if lookup is not None:
+            written_by = lookup.entry.provenance
+            log.info("cuda_agent: searching task %s again: its cached result (%s) came from policy %s revision %s",
+                     task.hash[:12], lookup.entry.outcome, written_by.get("policy"), written_by.get("policy_revision"))
         entry = self._search(task)
         self.cache.put(key, entry)
         if entry.outcome == "kernel":
             return self._dispatch(task, key.digest, entry)
         return Decision(task, None, entry.reason)
 
+    def _why_no_search(self, device: str) -> str | None:
+        if device != "cuda":
+            return f"{device} tensors: our kernels are CUDA only"
+        if self.settings.mode != "search":
+            return f"no cached winner (mode={self.settings.mode})"
+        if not torch.cuda.is_available():
+            return "no CUDA device to search on"
+        return None
+
+    def is_stale_loser(self, entry) -> bool:
+        """A loser written by another policy, or another revision of ours, which might win now."""
+        current = (self.policy.name, self.policy.revision)
+        return entry.outcome != "kernel" and (entry.provenance.get("policy"),
+                                              entry.provenance.get("policy_revision")) != current
+
     def _search(self, task: Task):
-        from .policies import make_policy
         from .search import search_task
         if not self._announced_search:
-            log.warning("cuda_agent: searching kernels for subgraphs without a cached result (up to %.0f s "
+            log.warning("cuda_agent: searching kernels for subgraphs with no cached result, or a loser from "
+                        "an older policy (up to %.0f s "
                         "each); results are cached, and options={'mode': 'cached'} skips the search",
                         self.settings.search_budget_s)
             self._announced_search = True
         env = shared_environment(self.settings.devices, self.precision, self.settings.min_speedup)
-        return search_task(task, env, make_policy(self.settings), budget_s=self.settings.search_budget_s,
+        return search_task(task, env, self.policy, budget_s=self.settings.search_budget_s,
                            max_candidates=self.settings.max_candidates)
 
     def _reverify(self, task: Task, key, entry, layer: str):

@@ -49,7 +49,7 @@ def search_task(task: Task, env, policy, *, budget_s: float, max_candidates: int
                     best is None or _median_ms(ev, "ours") < _median_ms(best[1], "ours")):
                 best = (cand, ev)
         feedback.extend(results)
-    provenance = make_provenance(policy.name)
+    provenance = make_provenance(policy.name, policy_revision=policy.revision)
     elapsed = time.monotonic() - start
     if best is None:
         if evaluated == 0:

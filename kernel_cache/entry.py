@@ -1,7 +1,7 @@
 """Cache entries: what one search concluded for one key, as plain JSON.
 
-Losers are entries too ("inductor" won, or the search "failed"), so a subgraph is never
-searched twice. Binaries are base64 text inside the JSON, so a stored value is JSON and
+Losers are entries too ("inductor" won, or the search "failed"), so a subgraph is not
+searched twice by the same policy. Binaries are base64 text inside the JSON, so a stored value is JSON and
 nothing else: reading a cache someone else wrote never runs code.
 """
 from __future__ import annotations

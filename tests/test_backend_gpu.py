@@ -121,3 +121,31 @@ def test_search_end_to_end(cache_dir):
         [d.reason for d in backend.reports[-1].decisions]
     print(f"cached recompile took {time.monotonic() - start:.1f} s;",
           [d.reason for d in backend.reports[-1].decisions])
+
+
+def test_loser_from_an_older_policy_is_searched_again(cache_dir):
+    """A cached "Inductor wins" from an older template revision does not stop a newer one."""
+    from kernel_cache import Entry, KernelCache, make_key
+    from agent_backend.policies.builtin import BuiltinPolicy
+    torch.manual_seed(0)
+    x, y = torch.randn(2048, 1024, device="cuda"), torch.randn(2048, 1024, device="cuda")
+    model = Chains()
+    tasks = [t for t in collect_tasks(model, [x, y], backward=False) if t.kind == "pointwise"]
+    assert tasks
+    keys = [make_key(t.hash, t.inputs, "cuda", user_precision(resolve({}))) for t in tasks]
+    cache = KernelCache.open()
+    for task, key in zip(tasks, keys):
+        cache.put(key, Entry(outcome="inductor", reason="an old loser", provenance={
+            "policy": "builtin", "policy_revision": "older"}, task=task.to_json()))
+    cache.close()
+    torch._dynamo.reset()
+    with torch.no_grad():
+        got = torch.compile(model, backend="cuda_agent", options={"search_budget_s": 300})(x, y)
+        expected = model(x, y)
+    assert_close_lists(list(got), list(expected), 1e-4, 1e-4, "output")
+    reasons = [d.reason for d in backend.reports[-1].decisions if d.task is not None and d.task.kind == "pointwise"]
+    assert reasons and not any("an old loser" in r for r in reasons), reasons
+    cache = KernelCache.open()
+    for key in keys:
+        assert cache.get(key).entry.provenance["policy_revision"] == BuiltinPolicy().revision
+    cache.close()

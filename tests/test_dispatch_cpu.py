@@ -121,3 +121,38 @@ def test_team_entry_runs_only_when_signed_with_a_trusted_key(cache_dir, tmp_path
     assert runtime.registered(key) is not None and runtime.registered(key).calls >= 1
     eager, _ = run_fwd_bwd(model, [x])
     assert_close_lists(out, eager, 1e-5, 1e-5, "output")
+
+
+def _entry(outcome, provenance):
+    from kernel_cache import Entry
+    return Entry(outcome=outcome, reason="test", source="class ModelNew: pass" if outcome == "kernel" else None,
+                 provenance=provenance)
+
+
+def test_only_losers_from_another_policy_or_revision_are_stale():
+    from agent_backend.dispatch import Dispatcher
+    dispatcher = Dispatcher(resolve({}))
+    ours = {"policy": "builtin", "policy_revision": dispatcher.policy.revision}
+    older = {"policy": "builtin", "policy_revision": "an older one"}
+    assert not dispatcher.is_stale_loser(_entry("inductor", ours))
+    assert not dispatcher.is_stale_loser(_entry("kernel", older)), "a verified winner stays"
+    for outcome in ("inductor", "failed"):
+        assert dispatcher.is_stale_loser(_entry(outcome, older))
+        assert dispatcher.is_stale_loser(_entry(outcome, {"policy": "llm", "policy_revision": ours["policy_revision"]}))
+        assert dispatcher.is_stale_loser(_entry(outcome, {}))
+
+
+def test_policy_revision_follows_the_template_sources(tmp_path):
+    from agent_backend.policies import source_revision
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "a.py").write_text("A = 1\n")
+    (tmp_path / "b.py").write_text("B = 1\n")
+    first = source_revision(tmp_path)
+    (tmp_path / "notes.md").write_text("not code")
+    assert source_revision(tmp_path) == first
+    (tmp_path / "pkg" / "a.py").write_text("A = 2\n")
+    assert source_revision(tmp_path) != first
+    (tmp_path / "pkg" / "a.py").write_text("A = 1\n")
+    assert source_revision(tmp_path) == first
+    (tmp_path / "pkg" / "a.py").rename(tmp_path / "pkg" / "c.py")
+    assert source_revision(tmp_path) != first, "a renamed file is another source"

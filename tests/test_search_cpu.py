@@ -14,6 +14,7 @@ class ListPolicy:
     """A policy that proposes a fixed list once: the smallest real policy."""
 
     name = "test-list"
+    revision = "1"
 
     def __init__(self, candidates, why_not=None):
         self.candidates, self._why_not = candidates, why_not
@@ -42,7 +43,8 @@ def test_keeps_a_verified_candidate_and_records_evidence(env):
     assert {"load", "verify", "profile"} <= set(entry.timings["phase_s"])
     assert sum(entry.timings["phase_s"].values()) <= entry.timings["search_s"]
     assert entry.verification["trials"] >= 5
-    assert entry.task == TASK.to_json() and entry.provenance["policy"] == "test-list"
+    assert entry.task == TASK.to_json()
+    assert (entry.provenance["policy"], entry.provenance["policy_revision"]) == ("test-list", "1")
 
 
 def test_failed_search_says_why(env):

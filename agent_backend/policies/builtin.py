@@ -5,11 +5,26 @@ search; feedback from the environment ends it.
 """
 from __future__ import annotations
 
+import functools
+from pathlib import Path
+
 from ..specs import Candidate, Task
+from . import source_revision
+
+
+@functools.cache
+def _skills_revision() -> str:
+    import skills
+    return source_revision(Path(skills.__file__).parent)
 
 
 class BuiltinPolicy:
     name = "builtin"
+
+    @property
+    def revision(self) -> str:
+        """The templates' source: any change to them re-opens the search of cached losers."""
+        return _skills_revision()
 
     def why_not(self, task: Task) -> str | None:
         """None if a template applies to `task`, else the reason none does."""
