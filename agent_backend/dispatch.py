@@ -20,6 +20,8 @@ def user_precision(settings: Settings) -> dict:
     runs the reference, Inductor and the candidate under (env/results.py DEFAULT_PRECISION)."""
     return {
         "allow_tf32": bool(torch.backends.cuda.matmul.allow_tf32),
+        # torch's default is True: convolutions in the user's program (and Inductor's) use TF32.
+        "allow_cudnn_tf32": bool(torch.backends.cudnn.allow_tf32),
         "matmul_precision": torch.get_float32_matmul_precision(),
         "allow_reduced_precision": settings.allow_reduced_precision,
     }

@@ -156,3 +156,15 @@ def test_policy_revision_follows_the_template_sources(tmp_path):
     assert source_revision(tmp_path) == first
     (tmp_path / "pkg" / "a.py").rename(tmp_path / "pkg" / "c.py")
     assert source_revision(tmp_path) != first, "a renamed file is another source"
+
+
+def test_user_precision_reads_cublas_and_cudnn_tf32_separately():
+    from agent_backend.dispatch import user_precision
+    before = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    try:
+        for cublas, cudnn in ((False, True), (True, False)):
+            torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = cublas, cudnn
+            precision = user_precision(resolve({}))
+            assert (precision["allow_tf32"], precision["allow_cudnn_tf32"]) == (cublas, cudnn)
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = before

@@ -60,8 +60,15 @@ def test_tolerances_by_dtype_and_precision():
     assert tolerance(torch.float32, strict) == 1e-4
     assert tolerance(torch.float16, strict) == tolerance(torch.bfloat16, strict) == 1e-2
     assert tolerance(torch.float64, strict) == 1e-7
-    assert tolerance(torch.float32, {"allow_tf32": True}) == 1e-2
-    assert tolerance(torch.float32, {"matmul_precision": "high"}) == 1e-2
+    mm, conv, pointwise = ("aten.mm.default", "aten.relu.default"), ("aten.convolution.default",), ("aten.add.Tensor",)
+    assert tolerance(torch.float32, {"allow_tf32": True}, mm) == 1e-2
+    assert tolerance(torch.float32, {"matmul_precision": "high"}, mm) == 1e-2
+    assert tolerance(torch.float16, {"allow_tf32": True}, mm) == 1e-2
+    # Looser only where the task has an op the user's switch affects.
+    assert tolerance(torch.float32, {"allow_tf32": True}, pointwise) == 1e-4
+    assert tolerance(torch.float32, {"allow_tf32": True}, conv) == 1e-4
+    assert tolerance(torch.float32, {"allow_cudnn_tf32": True}, conv) == 1e-2
+    assert tolerance(torch.float32, {"allow_cudnn_tf32": True}, mm) == 1e-4
 
 
 def test_precision_settings_are_checked():
@@ -141,9 +148,13 @@ def test_switches_are_seen_changed_and_restored():
 
 def test_precision_context_applies_and_restores():
     switches = GlobalSwitches("cpu")
+    cudnn_before = torch.backends.cudnn.allow_tf32
     with precision_context(switches, {"allow_tf32": True}):
-        assert torch.backends.cuda.matmul.allow_tf32
+        assert torch.backends.cuda.matmul.allow_tf32 and not torch.backends.cudnn.allow_tf32
+    with precision_context(switches, {"allow_cudnn_tf32": True}):
+        assert torch.backends.cudnn.allow_tf32 and not torch.backends.cuda.matmul.allow_tf32
     assert not torch.backends.cuda.matmul.allow_tf32
+    assert torch.backends.cudnn.allow_tf32 == cudnn_before
 
 
 def test_patch_fingerprint_sees_replaced_functions():

@@ -9,17 +9,18 @@ from dataclasses import dataclass
 
 import torch
 
-from agent_backend.env.results import fp32_matmul_reduced
+from agent_backend.env.results import fp32_reduced
 
 # allclose-style atol = rtol by dtype: fp32 as KernelBench uses today; fp16/bf16 are looser
 # because one ulp of bf16 is already 0.4%.
 _TOLERANCE = {torch.float64: 1e-7, torch.float32: 1e-4, torch.float16: 1e-2, torch.bfloat16: 1e-2}
-# fp32 when the user allows TF32 (10-bit mantissa, like fp16) for matmuls.
+# fp32 where the user allows TF32 (10-bit mantissa, like fp16) for the task's matmuls or convolutions.
 _REDUCED_FP32_TOLERANCE = 1e-2
 
 
-def tolerance(dtype: torch.dtype, precision: dict) -> float:
-    if dtype == torch.float32 and fp32_matmul_reduced(precision):
+def tolerance(dtype: torch.dtype, precision: dict, ops=()) -> float:
+    """atol = rtol for an output of `dtype` from a task made of `ops`."""
+    if dtype == torch.float32 and fp32_reduced(precision, ops):
         return _REDUCED_FP32_TOLERANCE
     return _TOLERANCE.get(dtype, 0.0)  # bool: exact
 

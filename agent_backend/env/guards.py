@@ -177,14 +177,14 @@ class GlobalSwitches:
 
 def apply_precision(precision: dict) -> None:
     """Set torch's numerics to the user's precision settings (see results.precision_settings):
-    by default strict fp32 (no TF32, matmul precision "highest", no reduced-precision
-    reductions in fp16/bf16 GEMMs)."""
+    by default strict fp32 (no TF32 in cuBLAS or cuDNN, matmul precision "highest", no
+    reduced-precision reductions in fp16/bf16 GEMMs)."""
     p = precision_settings(precision)
     matmul = p["matmul_precision"]
     if matmul == "highest" and p["allow_tf32"]:
         matmul = "high"
     torch.set_float32_matmul_precision(matmul)
-    torch._C._set_cudnn_allow_tf32(p["allow_tf32"])
+    torch._C._set_cudnn_allow_tf32(p["allow_cudnn_tf32"])
     _CUBLAS.allow_fp16_reduced_precision_reduction = p["allow_reduced_precision"]
     _CUBLAS.allow_bf16_reduced_precision_reduction = p["allow_reduced_precision"]
 

@@ -60,10 +60,18 @@ class Evaluation:
 
 
 # The user's numerics: what the reference, Inductor and the candidate all run under. The
-# default is strict fp32: no TF32, matmul precision "highest", and no reduced-precision
-# reductions inside fp16/bf16 GEMMs.
-DEFAULT_PRECISION = {"allow_tf32": False, "matmul_precision": "highest", "allow_reduced_precision": False}
+# default is strict fp32: no TF32 in cuBLAS or cuDNN, matmul precision "highest", and no
+# reduced-precision reductions inside fp16/bf16 GEMMs.
+DEFAULT_PRECISION = {"allow_tf32": False, "allow_cudnn_tf32": False, "matmul_precision": "highest",
+                     "allow_reduced_precision": False}
 MATMUL_PRECISIONS = ("highest", "high", "medium")
+
+# Post-grad ATen ops (overload dropped) whose fp32 numerics each switch may reduce.
+_MATMUL_OPS = frozenset({"mm", "addmm", "bmm", "baddbmm", "addbmm", "mv", "addmv", "dot", "vdot", "matmul",
+                         "_scaled_dot_product_efficient_attention", "_scaled_dot_product_flash_attention",
+                         "_scaled_dot_product_cudnn_attention"})
+_CONV_OPS = frozenset({"convolution", "_convolution", "convolution_backward", "cudnn_convolution",
+                       "cudnn_convolution_transpose"})
 
 
 def precision_settings(precision: dict | None) -> dict:
@@ -77,10 +85,13 @@ def precision_settings(precision: dict | None) -> dict:
     return settings
 
 
-def fp32_matmul_reduced(precision: dict) -> bool:
-    """Whether fp32 matmuls may run in TF32 (or bf16 on CPU) under these settings."""
+def fp32_reduced(precision: dict, ops) -> bool:
+    """Whether a task made of `ops` ("aten.mm.default", ...) may compute fp32 in TF32 (or bf16 on
+    the CPU) under these settings: only then is its fp32 output checked at a looser tolerance."""
     settings = precision_settings(precision)
-    return settings["allow_tf32"] or settings["matmul_precision"] != "highest"
+    names = {op.split(".")[1] for op in ops if op.startswith("aten.")}
+    matmul = settings["allow_tf32"] or settings["matmul_precision"] != "highest"
+    return bool((matmul and names & _MATMUL_OPS) or (settings["allow_cudnn_tf32"] and names & _CONV_OPS))
 
 
 @dataclass(frozen=True)

@@ -217,7 +217,7 @@ class Verifier:
                  fingerprint: PatchFingerprint, seed: int):
         self.candidate, self.reference, self.task, self.device = candidate, reference, task, device
         self.runner, self.switches, self.fingerprint, self.seed = runner, switches, fingerprint, seed
-        self.tolerances = [tolerance(spec.torch_dtype, precision) for spec in task.outputs]
+        self.tolerances = [tolerance(spec.torch_dtype, precision, task.ops) for spec in task.outputs]
         self.trials = 0
         self.stream_checked_trials = 0
         self.max_abs_err = 0.0
