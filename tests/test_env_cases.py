@@ -1,6 +1,6 @@
-"""Tasks and candidates shared by the environment's tests (CPU and GPU), built by hand in the
-formats of docs/CONTRACTS.md, and a check that each task's program computes what its
-signature says."""
+"""Tasks, candidates and a worker-pool fixture shared by the environment's tests (CPU and GPU),
+built by hand in the formats of docs/CONTRACTS.md, and a check that each task's program
+computes what its signature says."""
 from __future__ import annotations
 
 import textwrap
@@ -8,6 +8,7 @@ import textwrap
 import pytest
 import torch
 
+from agent_backend.env import Environment, Timeouts
 from agent_backend.env.candidate_loader import load_task
 from agent_backend.specs import Candidate, Task, TensorSpec, random_inputs
 
@@ -32,6 +33,16 @@ def get_inputs():
 def get_init_inputs():
     return []
 """
+
+
+def module_environment(device: str, **limits):
+    """A module-scoped `env` fixture: one worker on `device` with these Timeouts, shared by the
+    module's tests (workers are slow to start)."""
+    @pytest.fixture(scope="module")
+    def env():
+        with Environment([device], Timeouts(**limits)) as pool:
+            yield pool
+    return env
 
 
 def contiguous(shape: tuple[int, ...], dtype: str, device: str) -> TensorSpec:

@@ -5,17 +5,13 @@ from __future__ import annotations
 
 import pytest
 
-from agent_backend.env import Environment, Timeouts
-from test_env_cases import GOOD_ADD_RELU, add_relu_task, make_candidate, sum_diff_task
+from test_env_cases import GOOD_ADD_RELU, add_relu_task, make_candidate, module_environment, sum_diff_task
 
 TASK = add_relu_task()
 TWO_OUTPUTS = sum_diff_task()
 
 
-@pytest.fixture(scope="module")
-def env():
-    with Environment(["cpu"], Timeouts(compile_s=30, verify_s=30, profile_s=120, start_s=120)) as env:
-        yield env
+env = module_environment("cpu", compile_s=30, verify_s=30, profile_s=120, start_s=120)
 
 
 def evaluate(env, candidate, task=TASK):

@@ -12,17 +12,14 @@ from contextlib import contextmanager
 import pytest
 
 from agent_backend.env import Environment, Evaluation, Timeouts
-from test_env_cases import CACHES_ONCE_TIMED, GOOD_ADD_RELU, add_relu_task, make_candidate
+from test_env_cases import CACHES_ONCE_TIMED, GOOD_ADD_RELU, add_relu_task, make_candidate, module_environment
 
 TASK = add_relu_task()
 SHORT_S = 3.0
 
 
-@pytest.fixture(scope="module")
-def env():
-    # compile_s also bounds Inductor's compile of the reference, which can take a minute cold.
-    with Environment(["cpu"], Timeouts(compile_s=120, verify_s=30, profile_s=120, start_s=120)) as env:
-        yield env
+# compile_s also bounds Inductor's compile of the reference, which can take a minute cold.
+env = module_environment("cpu", compile_s=120, verify_s=30, profile_s=120, start_s=120)
 
 
 @contextmanager

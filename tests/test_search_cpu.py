@@ -1,11 +1,8 @@
 """The search loop over a real worker pool on CPU tasks: the fastest verified candidate is kept,
 broken ones are reported, and the entry says why (on CPU a kernel never wins: host timings
 include torch.compile's wrappers, so the environment never calls them wins)."""
-import pytest
-
-from agent_backend.env import Environment, Timeouts
 from agent_backend.search import search_task
-from test_env_cases import add_relu_task, make_candidate
+from test_env_cases import add_relu_task, make_candidate, module_environment
 
 TASK = add_relu_task()
 
@@ -26,10 +23,7 @@ class ListPolicy:
         return [] if feedback else list(self.candidates)
 
 
-@pytest.fixture(scope="module")
-def env():
-    with Environment(["cpu"], Timeouts(compile_s=120, verify_s=60, profile_s=180, start_s=120)) as env:
-        yield env
+env = module_environment("cpu", compile_s=120, verify_s=60, profile_s=180, start_s=120)
 
 
 def test_keeps_a_verified_candidate_and_records_evidence(env):

@@ -12,7 +12,7 @@ import dataclasses
 import pytest
 
 from agent_backend.env import Environment, Timeouts
-from test_env_cases import CACHES_ONCE_TIMED, add_relu_task, make_candidate, matmul_task
+from test_env_cases import CACHES_ONCE_TIMED, add_relu_task, make_candidate, matmul_task, module_environment
 
 pytestmark = pytest.mark.gpu
 
@@ -48,10 +48,7 @@ GOOD_KERNEL = kernel_candidate(f"""
 GOOD_TORCH = make_candidate("return torch.relu(a + b)")
 
 
-@pytest.fixture(scope="module")
-def env():
-    with Environment(["cuda:0"], Timeouts(compile_s=300, verify_s=120, profile_s=300, start_s=300)) as env:
-        yield env
+env = module_environment("cuda:0", compile_s=300, verify_s=120, profile_s=300, start_s=300)
 
 
 def evaluate(env, candidate, task=TASK):
