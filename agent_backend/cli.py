@@ -16,6 +16,15 @@ def build_parser() -> argparse.ArgumentParser:
     explain.add_argument("target", metavar="FILE.py:FACTORY",
                          help="a file and a function in it returning (model, example_inputs)")
     explain.add_argument("--json", action="store_true", help="machine-readable output")
+    for name, help_text in (("warm", "search kernels for a model's subgraphs now and cache them (offline warm-up)"),
+                            ("report", "say, per subgraph of a model, what the cache would run (no search)")):
+        command = sub.add_parser(name, help=help_text)
+        command.add_argument("target", metavar="FILE.py:FACTORY",
+                             help="a file and a function in it returning (model, example_inputs)")
+        command.add_argument("-o", "--option", action="append", default=[], metavar="NAME=VALUE",
+                             help="a backend option, as in torch.compile(options=...); VALUE is JSON where it parses")
+        command.add_argument("--no-backward", action="store_true", help="forward graphs only")
+        command.add_argument("--json", action="store_true", help="machine-readable output")
     add_cache_parser(sub)
     return parser
 
@@ -33,6 +42,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "explain":
         from .explain import run_explain
         return run_explain(args.target, args.json)
+    if args.command in ("warm", "report"):
+        if args.command == "warm" and not args.verbose:  # a search is long: show its progress
+            logging.basicConfig(level=logging.INFO, format="%(message)s")
+        from .warm import run_warm_or_report
+        return run_warm_or_report(args.command, args.target, args.option, args.json, not args.no_backward)
     if args.command == "cache":
         from kernel_cache.cli import run_cache_command
         return run_cache_command(args, verifier=_verify_entry)

@@ -44,12 +44,18 @@ def trace_tasks(model, inputs, *, backward: bool = True, min_ops: int = 2) -> li
         record = SubgraphPass(lambda task: Decision(task, None, "recorded only"), min_ops, reports)
         return compile_fx(gm, example_inputs, config_patches={"post_grad_custom_post_pass": record})
 
+    run_compiled(model, inputs, backend, backward=backward)
+    return reports
+
+
+def run_compiled(model, inputs, backend, *, backward: bool = True, options: dict | None = None) -> None:
+    """Compile `model` from scratch with `backend` and run it once on `inputs`, then one backward
+    (if `backward` and an output needs grad) so that backward graphs are compiled too."""
     torch._dynamo.reset()
-    out = torch.compile(model, backend=backend)(*_as_tuple(inputs))
+    out = torch.compile(model, backend=backend, options=options)(*_as_tuple(inputs))
     tensors = [t for t in (out if isinstance(out, (list, tuple)) else [out]) if isinstance(t, torch.Tensor)]
     if backward and any(t.requires_grad for t in tensors):
         sum(t.float().sum() for t in tensors if t.requires_grad).backward()
-    return reports
 
 
 def tasks_of(reports: list[GraphReport]) -> list:

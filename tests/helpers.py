@@ -1,5 +1,8 @@
-"""Running a model eagerly and compiled, forward and backward, and comparing the results."""
+"""Running a model eagerly and compiled, forward and backward, comparing the results, and putting
+entries in the kernel cache by hand."""
 from __future__ import annotations
+
+import time
 
 import torch
 
@@ -36,8 +39,22 @@ def assert_close_lists(got, expected, atol, rtol, what):
         torch.testing.assert_close(g, e, atol=atol, rtol=rtol, msg=lambda m: f"{what} {i}: {m}")
 
 
-
 def collect_tasks(model, inputs, backward: bool = True, min_ops: int = 1):
     """Tasks the backend's pass extracts from `model`, compiled with nothing replaced."""
     from agent_backend.explain import tasks_of, trace_tasks
     return tasks_of(trace_tasks(model, inputs, backward=backward, min_ops=min_ops))
+
+
+def put_cached_entry(task, outcome: str = "kernel", source: str | None = None, *, device: str = "cpu",
+                     cache_dir=None, trust_key=None, reason: str = "supplied by a test", provenance=None) -> str:
+    """Store an entry for `task` under the key the backend looks up with default options; its digest."""
+    from agent_backend.dispatch import user_precision
+    from agent_backend.options import resolve
+    from kernel_cache import Entry, KernelCache, make_key
+    key = make_key(task.hash, task.inputs, device, user_precision(resolve({})))
+    entry = Entry(outcome=outcome, reason=reason, source=source, origin="test", provenance=provenance or {"policy": "test"},
+                  task=task.to_json(), key=key.to_json(), last_used=time.time(), created=time.time())
+    cache = KernelCache.open(cache_dir=cache_dir, trust_key=trust_key)
+    cache.put(key, entry)
+    cache.close()
+    return key.digest

@@ -8,9 +8,7 @@ import torch.nn as nn
 from torch._inductor.utils import run_and_get_code
 
 from agent_backend import backend, runtime
-from agent_backend.dispatch import user_precision
-from agent_backend.options import resolve
-from helpers import assert_close_lists, collect_tasks, run_fwd_bwd
+from helpers import assert_close_lists, collect_tasks, put_cached_entry, run_fwd_bwd
 from models import model_set
 
 pytestmark = pytest.mark.gpu
@@ -62,23 +60,16 @@ def test_model_set_matches_eager_on_cuda(name, cache_dir):
 
 
 def test_supplied_cuda_winner_is_dispatched(cache_dir):
-    from kernel_cache import Entry, KernelCache, make_key
     torch.manual_seed(0)
     model, x = Net().cuda(), torch.randn(32, 64, device="cuda")
     tasks = collect_tasks(model, [x.clone().requires_grad_()], backward=True, min_ops=1)
     task = next(t for t in tasks if t.ops == ("aten.sigmoid.default", "aten.mul.Tensor", "aten.add.Tensor"))
-    key = make_key(task.hash, task.inputs, "cuda", user_precision(resolve({})))
-    cache = KernelCache.open()
-    cache.put(key, Entry(outcome="kernel", reason="test", source=SWISH_BIAS_CUDA, origin="test", binaries={},
-                         launch={}, timings={}, verification={}, provenance={}, task=task.to_json(),
-                         key=key.to_json(), last_used=time.time(), created=time.time(), format_version=1,
-                         signature=None))
-    cache.close()
+    key = put_cached_entry(task, source=SWISH_BIAS_CUDA, device="cuda")
     eager_out, eager_grads = run_fwd_bwd(model, [x])
     ours_out, ours_grads = run_fwd_bwd(model, [x], "cuda_agent", options={"mode": "cached"})
     assert_close_lists(ours_out, eager_out, 1e-5, 1e-5, "output")
     assert_close_lists(ours_grads, eager_grads, 1e-4, 1e-4, "grad")
-    assert runtime.registered(key.digest).calls >= 1
+    assert runtime.registered(key).calls >= 1
     torch._dynamo.reset()
     with torch.no_grad():
         _, code = run_and_get_code(torch.compile(model, backend="cuda_agent", options={"mode": "cached"}), x)
@@ -125,19 +116,15 @@ def test_search_end_to_end(cache_dir):
 
 def test_loser_from_an_older_policy_is_searched_again(cache_dir):
     """A cached "Inductor wins" from an older template revision does not stop a newer one."""
-    from kernel_cache import Entry, KernelCache, make_key
+    from kernel_cache import KernelCache
     from agent_backend.policies.builtin import BuiltinPolicy
     torch.manual_seed(0)
     x, y = torch.randn(2048, 1024, device="cuda"), torch.randn(2048, 1024, device="cuda")
     model = Chains()
     tasks = [t for t in collect_tasks(model, [x, y], backward=False) if t.kind == "pointwise"]
     assert tasks
-    keys = [make_key(t.hash, t.inputs, "cuda", user_precision(resolve({}))) for t in tasks]
-    cache = KernelCache.open()
-    for task, key in zip(tasks, keys):
-        cache.put(key, Entry(outcome="inductor", reason="an old loser", provenance={
-            "policy": "builtin", "policy_revision": "older"}, task=task.to_json()))
-    cache.close()
+    digests = [put_cached_entry(t, "inductor", device="cuda", reason="an old loser",
+                                provenance={"policy": "builtin", "policy_revision": "older"}) for t in tasks]
     torch._dynamo.reset()
     with torch.no_grad():
         got = torch.compile(model, backend="cuda_agent", options={"search_budget_s": 300})(x, y)
@@ -146,6 +133,6 @@ def test_loser_from_an_older_policy_is_searched_again(cache_dir):
     reasons = [d.reason for d in backend.reports[-1].decisions if d.task is not None and d.task.kind == "pointwise"]
     assert reasons and not any("an old loser" in r for r in reasons), reasons
     cache = KernelCache.open()
-    for key in keys:
-        assert cache.get(key).entry.provenance["policy_revision"] == BuiltinPolicy().revision
+    revisions = {cache.local.read(d).provenance["policy_revision"] for d in digests}
     cache.close()
+    assert revisions == {BuiltinPolicy().revision}

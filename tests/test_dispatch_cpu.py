@@ -1,16 +1,12 @@
 """A winner supplied through the cache (a hand-written candidate) replaces its subgraph with one
 call of our custom op; Inductor compiles the rest; results match eager, forward and backward."""
-import time
-
 import torch
 import torch.nn as nn
 from torch._inductor.utils import run_and_get_code
 
 from agent_backend import backend, runtime
-from agent_backend.dispatch import user_precision
 from agent_backend.options import resolve
-from agent_backend.specs import Candidate
-from helpers import assert_close_lists, collect_tasks, run_fwd_bwd
+from helpers import assert_close_lists, collect_tasks, put_cached_entry, run_fwd_bwd
 
 # Hand-written candidate for x * sigmoid(x) + bias, in the KernelBench answer format.
 SWISH_BIAS = '''
@@ -42,23 +38,10 @@ def _swish_task(model, x):
     return matches[0]
 
 
-def _put_winner(task, source, cache_dir=None, trust_key=None):
-    from kernel_cache import Entry, KernelCache, make_key
-    settings = resolve({})
-    key = make_key(task.hash, task.inputs, "cpu", user_precision(settings))
-    entry = Entry(outcome="kernel", reason="supplied by a test", source=source, origin="test", binaries={},
-                  launch={}, timings={}, verification={}, provenance={"policy": "test"}, task=task.to_json(),
-                  key=key.to_json(), last_used=time.time(), created=time.time(), format_version=1, signature=None)
-    cache = KernelCache.open(cache_dir=cache_dir, trust_key=trust_key)
-    cache.put(key, entry)
-    cache.close()
-    return key.digest
-
-
 def test_supplied_winner_is_dispatched(cache_dir):
     torch.manual_seed(0)
     model, x = Net(), torch.randn(4, 16)
-    key = _put_winner(_swish_task(model, x), SWISH_BIAS)
+    key = put_cached_entry(_swish_task(model, x), source=SWISH_BIAS)
     eager_out, eager_grads = run_fwd_bwd(model, [x])
     ours_out, ours_grads = run_fwd_bwd(model, [x], "cuda_agent", options={"mode": "cached"})
     assert_close_lists(ours_out, eager_out, 1e-5, 1e-5, "output")
@@ -73,7 +56,7 @@ def test_supplied_winner_is_dispatched(cache_dir):
 def test_generated_code_calls_our_op_and_inductor_kernels(cache_dir):
     torch.manual_seed(0)
     model, x = Net(), torch.randn(4, 16)
-    _put_winner(_swish_task(model, x), SWISH_BIAS)
+    put_cached_entry(_swish_task(model, x), source=SWISH_BIAS)
     torch._dynamo.reset()
     with torch.no_grad():
         out, code = run_and_get_code(torch.compile(model, backend="cuda_agent", options={"mode": "cached"}), x)
@@ -95,7 +78,7 @@ def test_no_winner_means_inductor_with_reason(cache_dir, caplog):
 def test_broken_cached_winner_falls_back(cache_dir):
     torch.manual_seed(0)
     model, x = Net(), torch.randn(4, 16)
-    key = _put_winner(_swish_task(model, x), "raise ImportError('gone')\n")
+    key = put_cached_entry(_swish_task(model, x), source="raise ImportError('gone')\n")
     runtime._registry.pop(key, None)
     out, _ = run_fwd_bwd(model, [x], "cuda_agent", options={"mode": "cached"})
     eager, _ = run_fwd_bwd(model, [x])
@@ -109,7 +92,7 @@ def test_team_entry_runs_only_when_signed_with_a_trusted_key(cache_dir, tmp_path
     torch.manual_seed(0)
     model, x = Net(), torch.randn(4, 16)
     team = tmp_path / "team"
-    key = _put_winner(_swish_task(model, x), SWISH_BIAS, cache_dir=team, trust_key="team-secret")
+    key = put_cached_entry(_swish_task(model, x), source=SWISH_BIAS, cache_dir=team, trust_key="team-secret")
     runtime._registry.pop(key, None)
     seen = len(backend.reports)
     run_fwd_bwd(model, [x], "cuda_agent", options={"mode": "cached", "team_cache": [str(team)]})

@@ -1,0 +1,74 @@
+"""`cuda-agent warm` and `cuda-agent report`: run a model through the backend once, offline.
+
+warm searches every subgraph without a cached result (mode="search") and fills the cache, so
+that later compiles, here or wherever the cache is shared, find their kernels; report only
+looks up (mode="cached") and says, per subgraph, what the backend would run.
+"""
+from __future__ import annotations
+
+import json
+import logging
+
+from . import backend
+from .explain import load_factory, run_compiled
+from .graph_pass import Decision
+from .options import OptionError, resolve
+
+log = logging.getLogger("cuda_agent")
+
+
+def parse_options(pairs: list[str]) -> dict:
+    """['search_budget_s=60', 'devices=["cuda:0"]'] -> options; values are JSON where they parse."""
+    options = {}
+    for pair in pairs:
+        name, sep, text = pair.partition("=")
+        if not sep or not name:
+            raise OptionError(f"cuda_agent: expected an option as NAME=VALUE, got {pair!r}")
+        try:
+            options[name] = json.loads(text)
+        except json.JSONDecodeError:
+            options[name] = text
+    return options
+
+
+def run_model(spec: str, mode: str, options: dict, backward: bool) -> list[Decision]:
+    """Compile and run the factory's model with the backend in `mode`; its decisions, in order."""
+    settings_options = {**options, "mode": mode}
+    resolve(settings_options)  # bad options fail here, before the model is built
+    model, inputs = load_factory(spec)()
+    seen = len(backend.reports)
+    run_compiled(model, inputs, "cuda_agent", backward=backward, options=settings_options)
+    return [d for r in backend.reports[seen:] for d in r.decisions if d.task is not None]
+
+
+def outcome(decision: Decision) -> str:
+    return "kernel" if decision.winner_key else "inductor"
+
+
+def format_decisions(decisions: list[Decision]) -> str:
+    lines = [f"{d.task.hash[:16]}  {d.task.kind:<9} {outcome(d):<8}  {d.reason}" for d in decisions]
+    won = sum(1 for d in decisions if d.winner_key)
+    lines.append(f"{len(decisions)} subgraph(s): {won} run by our kernels, {len(decisions) - won} by Inductor")
+    return "\n".join(lines)
+
+
+def decisions_to_json(decisions: list[Decision]) -> list[dict]:
+    return [{"hash": d.task.hash, "kind": d.task.kind, "ops": list(d.task.ops), "outcome": outcome(d),
+             "reason": d.reason, "device": d.task.outputs[0].device} for d in decisions]
+
+
+def run_warm_or_report(command: str, spec: str, option_pairs: list[str], as_json: bool, backward: bool) -> int:
+    try:
+        options = parse_options(option_pairs)
+        if "mode" in options:
+            raise OptionError(f"cuda_agent: `{command}` sets the mode itself; leave the mode option out")
+        decisions = run_model(spec, "search" if command == "warm" else "cached", options, backward)
+    except OptionError as e:
+        print(e)
+        return 2
+    print(json.dumps(decisions_to_json(decisions), indent=2) if as_json else format_decisions(decisions))
+    if command == "warm" and not any(d.task.outputs[0].device == "cuda" for d in decisions):
+        print(f"cuda-agent warm: nothing was searched: kernels are searched for CUDA subgraphs only, and "
+              f"{spec} gave none (are its inputs and model on a GPU?)")
+        return 1
+    return 0
