@@ -17,6 +17,11 @@ def _median_ms(ev, who: str) -> float:
     return ev.profile[f"{who}_ms"]["median"]
 
 
+def _counted_ms(ev) -> float:
+    """What a candidate costs per call in a model: its GPU time, or its launch where that is longer."""
+    return max(ev.profile["ours_ms"]["median"], ev.profile["ours_ms"]["host_median"])
+
+
 def _phase_totals(evaluations) -> dict[str, float]:
     """Seconds spent per worker phase over all candidates: where a search's time went."""
     totals: dict[str, float] = {}
@@ -45,8 +50,7 @@ def search_task(task: Task, env, policy, *, budget_s: float, max_candidates: int
             log.info("  %s: %s%s", cand.origin, ev.status,
                      f" {_median_ms(ev, 'ours'):.4f} ms, {ev.profile['speedup_vs_inductor'] or 0:.2f}x Inductor"
                      if ev.status == "passed" and ev.profile else f" ({ev.reason})")
-            if ev.status == "passed" and ev.profile and (
-                    best is None or _median_ms(ev, "ours") < _median_ms(best[1], "ours")):
+            if ev.status == "passed" and ev.profile and (best is None or _counted_ms(ev) < _counted_ms(best[1])):
                 best = (cand, ev)
         feedback.extend(results)
     provenance = make_provenance(policy.name, policy_revision=policy.revision)
@@ -68,6 +72,10 @@ def search_task(task: Task, env, policy, *, budget_s: float, max_candidates: int
         outcome, reason = "kernel", f"{speedup:.2f}x faster than Inductor ({cand.origin})"
     elif speedup is None:
         outcome, reason = "inductor", f"not timed against Inductor: {ev.profile.get('note', 'no Inductor time')}"
+    elif ev.profile["launch_bound"] and speedup > ev.profile["min_speedup"]:
+        outcome, reason = "inductor", (f"Inductor keeps it: the best candidate is {speedup:.2f}x on the GPU, but its "
+                                       f"launch ({ev.profile['ours_ms']['host_median'] * 1e3:.1f} us) takes longer "
+                                       f"than it runs")
     else:
         outcome, reason = "inductor", f"Inductor wins: best candidate {speedup:.2f}x of Inductor's speed"
     return Entry(outcome=outcome, reason=reason, source=cand.source if outcome == "kernel" else None,

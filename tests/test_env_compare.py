@@ -189,3 +189,11 @@ def test_evaluation_round_trips_through_json():
     assert ev.wins
     with pytest.raises(ValueError):
         Evaluation("fine")
+
+
+def test_a_launch_bound_candidate_is_judged_on_its_launch_time():
+    from agent_backend.env.profile import counted_speedup
+    inductor = {"median": 0.010, "host_median": 0.030}  # Inductor's host time is not ours to count
+    assert counted_speedup({"median": 0.005, "host_median": 0.002}, inductor) == pytest.approx(2.0)
+    assert counted_speedup({"median": 0.005, "host_median": 0.020}, inductor) == pytest.approx(0.5)
+    assert counted_speedup({"median": 0.005, "host_median": 0.002}, None) is None
