@@ -3,13 +3,19 @@ a search on the GPU. Every path that does not end in a verified winner leaves th
 Inductor with a reason."""
 from __future__ import annotations
 
+import dataclasses
+import functools
+import hashlib
+import json
 import logging
+from pathlib import Path
 
 import torch
 
 from . import runtime
 from .graph_pass import Decision
 from .options import Settings
+from .policies import source_revision
 from .specs import Task
 
 log = logging.getLogger("cuda_agent")
@@ -55,7 +61,29 @@ class Dispatcher:
             self._cache = KernelCache.open(cache_dir=self.settings.cache_dir,
                                            team=list(self.settings.team_cache) or None,
                                            trust_key=self.settings.trust_key)
+            runtime.add_winner_source(str(self._cache.cache_dir), self.cached_winner)
         return self._cache
+
+    def cached_winner(self, digest: str) -> runtime.Winner | None:
+        """The local cache's winner under `digest` (local entries are verified or trusted), for a
+        graph that Inductor's FX graph cache replays without running our pass."""
+        entry = self.cache.local.read(digest)
+        if entry is None or entry.outcome != "kernel" or not entry.task:
+            return None
+        return runtime.Winner(key=digest, source=entry.source, outputs=Task.from_json(entry.task).outputs,
+                              origin=entry.origin)
+
+    def cache_identity(self) -> str | None:
+        """Everything but the graph that decides what the pass does to it: the options, the user's
+        precision, this package's code, the policy, the GPUs, and the kernel cache's contents. Part of Inductor's FX graph cache key; None: do not cache the graph."""
+        token = self.cache.content_token()
+        if token is None:
+            return None
+        parts = {"settings": dataclasses.asdict(self.settings), "precision": self.precision, "code": _code_revision(),
+                 "gpus": _gpu_names(), "cache": token}
+        if self.settings.mode == "search":
+            parts["policy"] = [self.policy.name, self.policy.revision]
+        return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()
 
     @property
     def policy(self):
@@ -142,3 +170,14 @@ class Dispatcher:
                 log.warning("cuda_agent: cached kernel %s failed to load (%s); using Inductor", key[:12], e)
                 return Decision(task, None, f"cached kernel failed to load: {type(e).__name__}")
         return Decision(task, key, f"kernel {entry.origin}")
+
+
+@functools.cache
+def _code_revision() -> str:
+    return source_revision(Path(__file__).parent)
+
+
+def _gpu_names() -> list[str]:
+    if not torch.cuda.is_available():
+        return []
+    return [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]

@@ -41,13 +41,13 @@ class GraphReport:
                 f"kernels, {len(self.decisions) - won} left to Inductor" + (f" ({left})" if left else ""))
 
 
-def rewrite(graph: fx.Graph, group: Group, key: str) -> None:
+def rewrite(graph: fx.Graph, group: Group, key: str, program: str) -> None:
     """Replace the group's nodes with one run_winner call and getitems for its outputs."""
     members = set(group.nodes)
     inputs, outputs = boundary(group)
     last = group.nodes[-1]
     with graph.inserting_after(last):
-        call = graph.call_function(torch.ops.cuda_agent.run_winner.default, (key, inputs))
+        call = graph.call_function(torch.ops.cuda_agent.run_winner.default, (key, program, inputs))
     call.meta["val"] = [o.meta["val"] for o in outputs]
     anchor = call
     for i, out in enumerate(outputs):
@@ -61,12 +61,16 @@ def rewrite(graph: fx.Graph, group: Group, key: str) -> None:
 
 
 class SubgraphPass(CustomGraphPass):
-    """Post-grad pass; `decide(task)` returns a Decision (a winner key, or why not)."""
+    """Post-grad pass; `decide(task)` returns a Decision (a winner key, or why not).
+    `identity()` names everything besides the graph that decides what the pass does (None:
+    unknown), for Inductor's FX graph cache."""
 
-    def __init__(self, decide: Callable[[Task], Decision], min_ops: int, reports: list[GraphReport]):
+    def __init__(self, decide: Callable[[Task], Decision], min_ops: int, reports: list[GraphReport],
+                 identity: Callable[[], str | None] = lambda: None):
         self.decide = decide
         self.min_ops = min_ops
         self.reports = reports
+        self.identity = identity
 
     def __call__(self, graph: fx.Graph) -> None:
         report = GraphReport(graph_index=len(self.reports))
@@ -82,11 +86,11 @@ class SubgraphPass(CustomGraphPass):
             decision = self.decide(task)
             report.decisions.append(decision)
             if decision.winner_key:
-                rewrite(graph, group, decision.winner_key)
+                rewrite(graph, group, decision.winner_key, task.program)
         graph.lint()
         log.info(report.summary())
 
     def uuid(self):
-        # None keeps Inductor from caching graphs compiled with this pass: whether a subgraph is
-        # replaced depends on the kernel cache's contents, which Inductor's cache key cannot see.
-        return None
+        # None makes Inductor bypass its FX graph cache for the graph (no lookup, no store).
+        identity = self.identity()
+        return None if identity is None else f"cuda_agent-pass-{identity}"

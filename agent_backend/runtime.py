@@ -1,13 +1,20 @@
 """Runtime dispatch: one custom op that runs a verified winner in place of a subgraph.
 
-The graph pass replaces a winning subgraph with `torch.ops.cuda_agent.run_winner(key, inputs)`.
-Inductor sees an opaque extern kernel whose output shapes come from the fake implementation, and
-compiles everything around it. The winner itself lives in this process's registry, loaded only
-after it passed verification (or came from a trusted cache layer).
+The graph pass replaces a winning subgraph with
+`torch.ops.cuda_agent.run_winner(key, program, inputs)`. Inductor sees an opaque extern kernel
+whose output shapes come from the fake implementation, and compiles everything around it. The
+winner itself lives in this process's registry, loaded only after it passed verification (or came
+from a trusted cache layer).
+
+When Inductor's FX graph cache replays a compiled graph, our pass does not run, so the winner is
+loaded on its first call from the local kernel cache (which holds only verified or trusted
+entries). Should it be gone from there, the subgraph's own program (`program`, the task's
+reference in plain torch ops) computes the result instead: slower, never wrong.
 """
 from __future__ import annotations
 
 import contextlib
+import logging
 import threading
 from dataclasses import dataclass, field
 from typing import Callable
@@ -15,6 +22,9 @@ from typing import Callable
 import torch
 
 from .specs import TensorSpec
+from .task import load_program
+
+log = logging.getLogger("cuda_agent")
 
 
 def _instantiate(key: str, source: str, origin: str, device: torch.device) -> Callable[..., object]:
@@ -47,6 +57,10 @@ class Winner:
 
 _registry: dict[str, Winner] = {}
 _lock = threading.Lock()
+# Where winners not loaded by this process's compiles can be found: one lookup per kernel cache
+# the backend opened, by cache directory (key digest -> Winner, or None).
+_winner_sources: dict[str, Callable[[str], Winner | None]] = {}
+_references: dict[str, Callable[..., object]] = {}  # key -> the task program's Model().forward
 
 
 def register(winner: Winner) -> None:
@@ -56,6 +70,40 @@ def register(winner: Winner) -> None:
 
 def registered(key: str) -> Winner | None:
     return _registry.get(key)
+
+
+def add_winner_source(name: str, lookup: Callable[[str], Winner | None]) -> None:
+    with _lock:
+        _winner_sources[name] = lookup
+
+
+def _load_from_sources(key: str, device: torch.device) -> Winner | None:
+    """A winner for `key` from a kernel cache, loaded on `device` and registered; None if no
+    cache has it or it no longer loads."""
+    for lookup in list(_winner_sources.values()):
+        winner = lookup(key)
+        if winner is None:
+            continue
+        try:
+            winner.forward_on(device)
+        except Exception as e:  # a cached winner that no longer loads: the program takes over
+            log.warning("cuda_agent: cached kernel %s failed to load (%s)", key[:12], e)
+            return None
+        register(winner)
+        return winner
+    return None
+
+
+def _reference(key: str, program: str) -> Callable[..., object]:
+    """The task's own program, for a winner that cannot be found (warned once per key)."""
+    with _lock:
+        forward = _references.get(key)
+        if forward is None:
+            log.warning("cuda_agent: kernel %s is not in the kernel cache any more; its subgraph runs as plain "
+                        "torch ops. torch._dynamo.reset() and a new compile give Inductor's kernels back.", key[:12])
+            namespace = load_program(program, f"<task of {key[:12]}>")
+            forward = _references[key] = namespace["Model"](*namespace["get_init_inputs"]()).forward
+    return forward
 
 
 def load_winner(key: str, source: str, outputs: tuple[TensorSpec, ...], origin: str, device_type: str) -> Winner:
@@ -77,20 +125,20 @@ def _conform(out: torch.Tensor, spec: TensorSpec) -> torch.Tensor:
 
 
 @torch.library.custom_op("cuda_agent::run_winner", mutates_args=())
-def run_winner(key: str, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
-    winner = _registry.get(key)
+def run_winner(key: str, program: str, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
+    device = inputs[0].device
+    winner = _registry.get(key) or _load_from_sources(key, device)
     if winner is None:
-        raise RuntimeError(
-            f"cuda_agent: no kernel is loaded for {key!r} in this process; this graph was compiled "
-            "in another process. Re-run torch.compile (the cache makes it fast).")
+        result = _reference(key, program)(*inputs)
+        return [result] if isinstance(result, torch.Tensor) else list(result)
     winner.calls += 1
-    result = winner.forward_on(inputs[0].device)(*inputs)
+    result = winner.forward_on(device)(*inputs)
     outs = [result] if isinstance(result, torch.Tensor) else list(result)
     return [_conform(o, s) for o, s in zip(outs, winner.outputs)]
 
 
 @run_winner.register_fake
-def _run_winner_fake(key: str, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
+def _run_winner_fake(key: str, program: str, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
     winner = _registry.get(key)
     if winner is None:
         raise RuntimeError(f"cuda_agent: no kernel registered for {key!r}")

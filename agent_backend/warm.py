@@ -9,6 +9,8 @@ from __future__ import annotations
 import json
 import logging
 
+import torch
+
 from . import backend
 from .explain import load_factory, run_compiled
 from .graph_pass import Decision
@@ -37,7 +39,9 @@ def run_model(spec: str, mode: str, options: dict, backward: bool) -> list[Decis
     resolve(settings_options)  # bad options fail here, before the model is built
     model, inputs = load_factory(spec)()
     seen = len(backend.reports)
-    run_compiled(model, inputs, "cuda_agent", backward=backward, options=settings_options)
+    # Without Inductor's caches of compiled graphs, so that our pass runs and reports every graph.
+    with torch._inductor.config.patch(fx_graph_cache=False), torch._functorch.config.patch(enable_autograd_cache=False):
+        run_compiled(model, inputs, "cuda_agent", backward=backward, options=settings_options)
     return [d for r in backend.reports[seen:] for d in r.decisions if d.task is not None]
 
 

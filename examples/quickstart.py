@@ -65,6 +65,9 @@ def main():
         print(f"outputs match eager on {x.device.type}")
         for report in backend.reports:
             print(report.summary())
+        if not backend.reports:
+            print("cuda_agent: graphs replayed from Inductor's graph cache (compiled in an earlier run, against "
+                  "the same kernel cache); `cuda-agent report examples/quickstart.py:make` lists their subgraphs")
         print(f"eager {_time_ms(model, x):.3f} ms | inductor {_time_ms(inductor, x):.3f} ms | "
               f"cuda_agent {_time_ms(ours, x):.3f} ms")
 

@@ -177,6 +177,22 @@ class KernelCache:
                 untrusted = Lookup(entry, layer.name, trusted=False)
         return untrusted
 
+    def content_token(self) -> str | None:
+        """Changes whenever an entry of any layer is written or deleted, and never returns to an
+        earlier value (see Store.content_token). None when that cannot be told, or when the local
+        cache cannot be written: then results found now would not be there next time."""
+        local = self.local.store
+        if not local.writable:
+            return None
+        # A local cache with no token yet gets one: an "absent" file could be deleted and come
+        # back with other entries under the same token.
+        if local.content_token() in (None, "absent") and not local.start_generations():
+            return None
+        tokens = [(layer.name, layer.store.content_token()) for layer in self.layers]
+        if any(token is None for _, token in tokens):
+            return None
+        return " ".join(f"{name}={token}" for name, token in tokens)
+
     def put(self, key: CacheKey, entry: Entry) -> bool:
         """Store a verified result in the local cache, signed when a trust key is set. Fills in
         the key, and `created`/`last_used` when unset. False when the cache could not take it."""

@@ -28,6 +28,7 @@ log = logging.getLogger("cuda_agent.cache")
 ENTRIES_TABLE = "entries"  # key digest -> entry JSON
 LAST_USED_TABLE = "last_used"  # key digest -> time of last use: kept apart so that recording a
 # use rewrites a few bytes, not an entry with its binaries
+META_TABLE = "meta"  # "nonce": made with the file; "generation": counts writes of entries
 
 # SQLite's primary result codes (sqlite3 names them only from Python 3.11 on).
 _CORRUPT_CODES = {11, 26}  # SQLITE_CORRUPT, SQLITE_NOTADB
@@ -144,6 +145,28 @@ class Store:
             return {}
         return self._read(lambda db: dict(db.conn.select(f'SELECT key, t FROM "{LAST_USED_TABLE}"')), {})
 
+    def content_token(self) -> str | None:
+        """Changes with every write or deletion of entries (not with a recorded use) and never
+        comes back to an earlier value in the same file, a new file having a new nonce. "absent"
+        when there is no file; None when unknown (a file written by an older version, or
+        unreadable)."""
+        if not self.readable:
+            return None
+
+        def read(db):
+            exists = f"SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = '{META_TABLE}'"
+            if db.conn.select_one(exists) is None:
+                return None
+            meta = dict(db.conn.select(f'SELECT key, v FROM "{META_TABLE}"'))
+            return f"{meta['nonce']}:{meta['generation']}" if {"nonce", "generation"} <= set(meta) else None
+        if not self.path.exists():
+            return "absent"
+        return self._read(read, None)
+
+    def start_generations(self) -> bool:
+        """Create the file (or its generation count) with no entries, so it has a content token."""
+        return self._write(self._count_generation)
+
     def file_bytes(self) -> int:
         try:
             return self.path.stat().st_size
@@ -156,6 +179,7 @@ class Store:
         def write(db):
             db.update(values)
             self._write_last_used(db, last_used or {})
+            self._count_generation(db)
         return self._write(write)
 
     def set_last_used(self, times: Mapping[str, float]) -> bool:
@@ -166,12 +190,14 @@ class Store:
         def write(db):
             for table in (ENTRIES_TABLE, LAST_USED_TABLE):
                 db.conn.executemany(f'DELETE FROM "{table}" WHERE key = ?', rows)
+            self._count_generation(db)
         return self._write(write)
 
     def clear(self) -> bool:
         def write(db):
             for table in (ENTRIES_TABLE, LAST_USED_TABLE):
                 db.conn.execute(f'DELETE FROM "{table}"')
+            self._count_generation(db)
         return self._write(write)
 
     def vacuum(self) -> bool:
@@ -198,6 +224,14 @@ class Store:
         with self._mutex:
             self._forget_parent_connection()
             self._drop_connection(wait=True)
+
+    @staticmethod
+    def _count_generation(db: SqliteDict) -> None:
+        """Inside a write of entries: one more generation (the table and nonce made on first use)."""
+        db.conn.execute(f'CREATE TABLE IF NOT EXISTS "{META_TABLE}" (key TEXT PRIMARY KEY, v TEXT)')
+        db.conn.execute(f'INSERT OR IGNORE INTO "{META_TABLE}" (key, v) VALUES (?, ?), (?, ?)',
+                        ("nonce", os.urandom(8).hex(), "generation", "0"))
+        db.conn.execute(f'UPDATE "{META_TABLE}" SET v = CAST(v AS INTEGER) + 1 WHERE key = ?', ("generation",))
 
     @staticmethod
     def _write_last_used(db: SqliteDict, times: Mapping[str, float]) -> None:

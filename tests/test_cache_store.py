@@ -200,3 +200,45 @@ def test_a_forked_child_uses_the_cache_without_hanging(cache_dir):
     assert os.waitstatus_to_exitcode(waited[1]) == 0
     assert cache.get(child_key) is not None
     cache.close()
+
+
+def test_content_token_follows_writes_of_entries_not_uses(cache_dir):
+    key, other = make_test_key("a"), make_test_key("b")
+    with KernelCache.open() as cache:
+        tokens = [cache.content_token()]
+        assert cache.put(key, make_test_entry(key))
+        tokens.append(cache.content_token())
+        cache.touch(key)
+        cache.flush()
+        assert cache.content_token() == tokens[-1], "recording a use is not a change of content"
+        assert cache.put(other, make_test_entry(other))
+        tokens.append(cache.content_token())
+        assert cache.local.store.delete([other.digest])
+        tokens.append(cache.content_token())
+        assert cache.local.store.clear()
+        tokens.append(cache.content_token())
+    assert None not in tokens and len(set(tokens)) == len(tokens), tokens
+
+
+def test_content_token_never_repeats_in_a_new_file(cache_dir):
+    with KernelCache.open() as cache:
+        before = cache.content_token()
+    for path in cache_dir.iterdir():
+        path.unlink()
+    with KernelCache.open() as cache:
+        assert cache.content_token() not in (None, before)
+
+
+def test_file_without_a_generation_count_gets_one(cache_dir):
+    _fill(cache_dir, 1)
+    with sqlite3.connect(cache_dir / "cache.sqlite") as db:  # as a file of an older version has it
+        db.execute("DROP TABLE meta")
+    with KernelCache.open() as cache:
+        assert cache.local.store.content_token() is None
+        assert cache.content_token() is not None and cache.local.store.content_token() is not None
+
+
+def test_no_content_token_where_results_would_not_persist(cache_dir):
+    with KernelCache.open() as cache:
+        cache.local.store.writable = False  # what a read-only or full cache degrades to
+        assert cache.content_token() is None
