@@ -1,11 +1,13 @@
 """Every candidate the pointwise template proposes computes what eager computes, on a GPU:
-over the CASES of test_pointwise_template.py (dtypes, broadcasting, strided and expanded inputs,
-tails, several and boolean outputs, NaN/inf), unaligned inputs, and a tensor large enough for
-the grid-stride loop to go round."""
+over the CASES of test_pointwise_template.py (dtypes, broadcasting, strided, expanded and
+transposed inputs, tails, several and boolean outputs, NaN/inf, exp-based ops in fp16/bf16),
+unaligned inputs, a tensor large enough for the grid-stride loop to go round, every fp16 and
+bf16 value through the fast exp-based forms, and a transposed input at benchmark size."""
 from __future__ import annotations
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from agent_backend.specs import random_inputs
 from skills.pointwise import propose
@@ -23,7 +25,8 @@ def _run(candidate, inputs):
     return out if isinstance(out, tuple) else (out,)
 
 
-def _assert_candidates_match_eager(fn, candidates, inputs):
+def _assert_candidates_match_eager(fn, candidates, inputs, tolerance=TOLERANCE):
+    """`tolerance`: dtype -> atol = rtol, or -> (atol, rtol)."""
     expected = fn(*inputs)
     expected = expected if isinstance(expected, tuple) else (expected,)
     for candidate in candidates:
@@ -31,8 +34,9 @@ def _assert_candidates_match_eager(fn, candidates, inputs):
         assert len(got) == len(expected)
         for k, (g, e) in enumerate(zip(got, expected)):
             assert (g.dtype, g.shape, g.stride()) == (e.dtype, e.shape, e.stride()), f"{candidate.origin} output {k}"
-            tol = TOLERANCE[e.dtype]
-            torch.testing.assert_close(g, e, atol=tol, rtol=tol, equal_nan=True,
+            tol = tolerance[e.dtype]
+            atol, rtol = tol if isinstance(tol, tuple) else (tol, tol)
+            torch.testing.assert_close(g, e, atol=atol, rtol=rtol, equal_nan=True,
                                        msg=lambda m: f"{candidate.origin} output {k}: {m}")
 
 
@@ -73,3 +77,25 @@ def test_inputs_outside_the_signature_are_refused():
     exec(compile(candidate.source, candidate.origin, "exec"), namespace)
     with pytest.raises(ValueError, match="specialised"):
         namespace["ModelNew"]()(x.t().contiguous().t(), b)
+
+
+# One unit in the last place (relative, and the smallest subnormal near zero): the fast fp32
+# forms may move a result rounded once to fp16/bf16 by at most this much from eager's.
+ONE_ULP = {torch.float16: (2.0**-24, 2.0**-10), torch.bfloat16: (2.0**-133, 2.0**-7)}
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_fast_exp_forms_over_every_half_value(dtype):
+    x = torch.arange(-2**15, 2**15, dtype=torch.int32, device="cuda").to(torch.int16).view(dtype)
+    fn = lambda x: (torch.sigmoid(x), F.silu(x), torch.exp(x), torch.tanh(x), torch.reciprocal(x))  # noqa: E731
+    candidates = propose(make_task(fn, [x]))
+    assert "pw_sigmoid_fast(x0)" in candidates[0].source and "pw_exp_fast(x0)" in candidates[0].source
+    _assert_candidates_match_eager(fn, candidates, [x], ONE_ULP)
+
+
+def test_transposed_input_at_benchmark_size():
+    x, y = (torch.randn(4096, 4096, device="cuda") for _ in range(2))
+    fn = lambda x, y: torch.sigmoid(x + y) * 3  # noqa: E731
+    candidates = propose(make_task(fn, [x.t(), y]))
+    assert [c.origin.rsplit(":", 1)[1] for c in candidates if "tile" in c.params] == ["t32r8", "t32r4"]
+    _assert_candidates_match_eager(fn, candidates, [x.t(), y])

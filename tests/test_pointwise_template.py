@@ -3,6 +3,7 @@ and Python it writes compile. Whether the kernels compute the right numbers is
 test_pointwise_gpu.py's job (it reuses CASES and make_task from here)."""
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 import sys
@@ -17,8 +18,8 @@ from torch.fx.experimental.proxy_tensor import make_fx
 
 from agent_backend.specs import Task, TensorSpec, dtype_name
 from skills.pointwise import propose, supports
-from skills.pointwise.candidates import SEARCH_SPACE, launch_configs, model_source
-from skills.pointwise.codegen import kernel_source
+from skills.pointwise.candidates import SEARCH_SPACE, TILED_SEARCH_SPACE, launch_configs, model_source
+from skills.pointwise.codegen import kernel_source, tiled_kernel_source
 from skills.pointwise.dtypes import literal
 from skills.pointwise.layout import broadcast_strides, coalesce, is_dense, vector_width
 from skills.pointwise.ops import OP_RULES
@@ -49,12 +50,27 @@ def _randn(*shape, dtype=torch.float32, device="cpu", seed=0):
     return torch.randn(*shape, generator=g, dtype=torch.float64).to(dtype).to(device)
 
 
-def _with_specials(t: torch.Tensor) -> torch.Tensor:
-    """`t` with NaN, ±inf, ±0 and values at clamp/relu edges planted at the front."""
-    specials = torch.tensor([float("nan"), float("inf"), -float("inf"), 0.0, -0.0, 1.0, -1.0, 3.0, -3.0])
+def _with_specials(t: torch.Tensor, *extra: float) -> torch.Tensor:
+    """`t` with NaN, ±inf, ±0, values at clamp/relu edges and `extra` planted at the front."""
+    specials = torch.tensor([float("nan"), float("inf"), -float("inf"), 0.0, -0.0, 1.0, -1.0, 3.0, -3.0, *extra])
     flat = t.clone().reshape(-1)
     flat[: len(specials)] = specials.to(t.dtype)
     return flat.reshape(t.shape)
+
+
+# Magnitudes where exp overflows or underflows in fp16/bf16/fp32, or sigmoid/silu saturate.
+LARGE = (11.0, -11.0, 17.0, -17.0, 20.0, -20.0, 88.0, -88.0, 100.0, -100.0, 1e4, -1e4)
+
+
+def _exp_chain(x, y):
+    """exp-based ops, tanh and divisions, each result in x's dtype (the fast forms for fp16/bf16)."""
+    return (x * torch.sigmoid(x) + y, F.silu(x), torch.exp(x), torch.tanh(x), torch.sigmoid(x), x / y,
+            torch.reciprocal(x), torch.sigmoid(x.float()).to(x.dtype))
+
+
+def _transposed(*shape, dtype=torch.float32, device="cpu", seed=0):
+    """A (…, shape[-1], shape[-2]) tensor seen through its last two dims swapped: shape `shape`."""
+    return _randn(*shape[:-2], shape[-1], shape[-2], dtype=dtype, device=device, seed=seed).transpose(-1, -2)
 
 
 # name -> (fn, inputs(device)). Each covers ops, dtypes and layouts the GPU test checks numerically.
@@ -120,7 +136,44 @@ CASES = {
     "bf16_chain_mask_input": (
         lambda x, m: torch.where(m, torch.sigmoid(x) * 1.7, -x).clamp(-1.5, 1.5),
         lambda d: [_randn(5, 333, dtype=bf16, device=d), _randn(5, 333, device=d, seed=1) > 0]),
+    "exp_chain_fp16": (
+        _exp_chain,
+        lambda d: [_with_specials(_randn(64, 128, dtype=f16, device=d) * 4, *LARGE[:-2]),
+                   _randn(128, dtype=f16, device=d, seed=1)]),
+    "exp_chain_bf16": (
+        _exp_chain,
+        lambda d: [_with_specials(_randn(64, 129, dtype=bf16, device=d) * 4, *LARGE),
+                   _randn(129, dtype=bf16, device=d, seed=1)]),
+    # transposed operands: the tiled candidates (t32...) take these
+    "transposed_tile_multiple_fp32": (
+        lambda x, y: torch.sigmoid(x + y) * 3,
+        lambda d: [_transposed(128, 64, device=d), _randn(128, 64, device=d, seed=1)]),
+    "transposed_odd_fp16": (
+        lambda x, y: torch.sigmoid(x + y) * 3,
+        lambda d: [_transposed(1000, 777, dtype=f16, device=d), _randn(1000, 777, dtype=f16, device=d, seed=1)]),
+    "transposed_small_odd_fp32": (
+        lambda y, x: F.silu(y) - x,
+        lambda d: [_randn(33, 65, device=d, seed=1), _transposed(33, 65, device=d)]),
+    "two_transposed_bf16": (  # the contiguous z comes first, so the output is laid out as z
+        lambda z, x, y: z + x * y,
+        lambda d: [_randn(70, 45, dtype=bf16, device=d), _transposed(70, 45, dtype=bf16, device=d, seed=1),
+                   _transposed(70, 45, dtype=bf16, device=d, seed=2)]),
+    "transposed_with_bias_fp16": (
+        lambda y, x, b: y + x * b,
+        lambda d: [_randn(96, 200, dtype=f16, device=d), _transposed(96, 200, dtype=f16, device=d, seed=1),
+                   _randn(200, dtype=f16, device=d, seed=2)]),
+    "batch_transposed_fp32": (  # the second output is laid out as x: written through the tile too
+        lambda y, x: (y * torch.sigmoid(x), x * 2),
+        lambda d: [_randn(3, 33, 65, device=d, seed=1), _transposed(3, 33, 65, device=d)]),
+    "transposed_mask_and_bf16_into_fp64": (  # staged tiles of bool and bf16
+        lambda y, m, z: torch.where(m, y, z * 2),
+        lambda d: [_randn(40, 70, dtype=f64, device=d), _transposed(40, 70, device=d, seed=1) > 0,
+                   _transposed(40, 70, dtype=bf16, device=d, seed=2)]),
 }
+# The cases with an operand contiguous along the outer of the two innermost iteration dims.
+TRANSPOSED = {"transposed_input_fp32", "transposed_tile_multiple_fp32", "transposed_odd_fp16",
+              "transposed_small_odd_fp32", "two_transposed_bf16", "transposed_with_bias_fp16", "batch_transposed_fp32",
+              "transposed_mask_and_bf16_into_fp64"}
 
 
 @pytest.mark.parametrize("name", CASES)
@@ -129,9 +182,36 @@ def test_cases_are_supported_with_several_launch_configs(name):
     task = make_task(fn, inputs("cpu"))
     assert supports(task) is None
     candidates = propose(task)
-    assert 1 <= len(candidates) <= len(SEARCH_SPACE)
+    assert 1 <= len(candidates) <= len(SEARCH_SPACE) + len(TILED_SEARCH_SPACE) <= 10
     assert len({c.origin for c in candidates}) == len(candidates)
-    assert all(c.origin.startswith("builtin:pointwise:b") and c.params["block"] in (128, 256, 512) for c in candidates)
+    linear = [c for c in candidates if "block" in c.params]
+    assert all(c.origin.startswith("builtin:pointwise:b") and c.params["block"] in (128, 256, 512) for c in linear)
+    tiled = [c.origin for c in candidates if c not in linear]
+    assert tiled == (["builtin:pointwise:t32r8", "builtin:pointwise:t32r4"] if name in TRANSPOSED else [])
+
+
+def test_no_tiled_candidates_past_the_static_shared_memory_limit():
+    def tiled(staged: int) -> bool:
+        inputs = [_randn(40, 70, dtype=f64)] + [_transposed(40, 70, dtype=f64, seed=k) for k in range(staged)]
+        return any("tile" in c.params for c in propose(make_task(lambda *xs: sum(xs), inputs)))
+    assert tiled(5) and not tiled(6)  # 6 fp64 tiles of 32 x 33 take over 48 KB
+
+
+def _compute_function_of(name: str) -> str:
+    fn, inputs = CASES[name]
+    source = kernel_source(build_plan(make_task(fn, inputs("cpu"))), "k", 256, 1, 1)
+    return source[source.index("void pw_compute("):source.index("extern")]
+
+
+def test_fast_math_only_where_results_are_fp16_or_bf16():
+    for name in ("exp_chain_fp16", "exp_chain_bf16"):
+        compute = _compute_function_of(name)
+        for fast in ("pw_sigmoid_fast(", "pw_silu_fast(", "pw_exp_fast(", "pw_div_fast("):
+            assert fast in compute, (name, fast)
+        assert "pw_tanh(" in compute and " / " not in compute
+        assert compute.count("pw_sigmoid(") == 1  # computed in fp32, then converted: precise
+    for name in ("multi_output_with_bool_fp32", "binary_fp32", "fp64_math", "transposed_small_odd_fp32"):
+        assert "_fast(" not in _compute_function_of(name)
 
 
 def test_op_table_covers_the_issue_list():
@@ -210,6 +290,8 @@ def test_plans_choose_the_expected_layouts():
     tail = plans["scale_shift_relu_fp16_tail"]
     assert tail.sizes == (4099,) and tail.vector_width == 8
     assert plans["transposed_input_fp32"].vector_width == 1
+    assert plans["batch_transposed_fp32"].sizes == (3, 33, 65)
+    assert [op.strides for op in plans["batch_transposed_fp32"].outputs] == [(2145, 65, 1), (2145, 1, 33)]
     # channels-last, iterated in memory order (n, h, w, c): c is innermost; the input expanded
     # along w keeps (n, h) and w apart
     channels_last = plans["expanded_input_and_channels_last_fp16"]
@@ -243,14 +325,22 @@ def _nvcc() -> str | None:
 
 
 def _kernel_sources() -> dict[str, str]:
-    """Main and fallback kernels over the cases, plus 64-bit indexing and a one-element kernel."""
+    """Main and fallback kernels over the cases, the tiled kernels of the transposed ones, every
+    kernel that three cases' candidate programs carry, plus 64-bit indexing and a one-element kernel."""
     sources = {}
     for name in ("bias_gelu_fp32_odd", "scale_shift_relu_fp16_tail", "expanded_input_and_channels_last_fp16",
                  "multi_output_with_bool_fp32", "activations_fp32", "binary_fp32", "clamp_where_compare_fp32",
-                 "conversions_mixed", "fp64_math", "bf16_chain_mask_input", "transposed_input_fp32"):
+                 "conversions_mixed", "fp64_math", "bf16_chain_mask_input", "exp_chain_bf16", *sorted(TRANSPOSED)):
         fn, inputs = CASES[name]
         plan = build_plan(make_task(fn, inputs("cpu")))
         sources[name] = kernel_source(plan, "k", 256, 2, plan.vector_width)
+        if name in TRANSPOSED:
+            sources[f"{name}_tiled"] = tiled_kernel_source(plan, "k", TILED_SEARCH_SPACE[0].rows)
+    for name in ("exp_chain_fp16", "transposed_odd_fp16", "batch_transposed_fp32"):
+        fn, inputs = CASES[name]
+        for candidate in propose(make_task(fn, inputs("cpu"))):
+            for k, kernel in enumerate(re.findall(r"_SOURCE = r'''(.*?)'''", candidate.source, re.DOTALL)):
+                sources[f"{name}_{candidate.origin.rsplit(':', 1)[1]}_{k}"] = kernel
     plan = build_plan(make_task(*[CASES["zero_dim_scalar_and_full_fp16"][0],
                                   CASES["zero_dim_scalar_and_full_fp16"][1]("cpu")]))
     sources["fallback_fp16"] = kernel_source(plan, "k", 128, 4, 1)

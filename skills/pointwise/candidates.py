@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from agent_backend.specs import Candidate
 
-from .codegen import is_vector_access, kernel_source
+from .codegen import TILE, is_vector_access, kernel_source, tile_count, tiled_kernel_source, wants_tiles
 from .plan import PointwisePlan
 
 TYPICAL_SM_COUNT = 132  # H100/H200; used only to drop configs that would launch like another
@@ -22,20 +22,72 @@ class LaunchConfig:
     def tag(self, width: int) -> str:
         return f"b{self.block}u{self.unroll}v{width}" + (f"w{self.waves}" if self.waves else "")
 
+    # What model_source needs of a config (TiledConfig has the same): the kernel and its launch.
+    @property
+    def threads(self) -> tuple[int, int, int]:
+        return (self.block, 1, 1)
+
+    @property
+    def groups_per_block(self) -> int:
+        return self.block * self.unroll
+
+    def vector_width(self, plan: PointwisePlan) -> int:
+        return plan.vector_width
+
+    def kernel(self, plan: PointwisePlan, name: str, width: int) -> str:
+        return kernel_source(plan, name, self.block, self.unroll, width)
+
+    def groups(self, plan: PointwisePlan, width: int) -> int:
+        return plan.numel // width
+
+    def params(self, width: int) -> dict:
+        return {"block": self.block, "unroll": self.unroll, "waves": self.waves, "vector_width": width}
+
+
+@dataclass(frozen=True)
+class TiledConfig:
+    """The tiled kernel (codegen.tiled_kernel_source): one TILE x TILE tile per block of TILE x
+    `rows` threads, a grid of one block per tile, element by element (no vectors)."""
+    rows: int
+    waves = None
+    groups_per_block = 1  # a group is a tile
+
+    def tag(self, width: int) -> str:
+        return f"t{TILE}r{self.rows}"
+
+    @property
+    def threads(self) -> tuple[int, int, int]:
+        return (TILE, self.rows, 1)
+
+    def vector_width(self, plan: PointwisePlan) -> int:
+        return 1
+
+    def kernel(self, plan: PointwisePlan, name: str, width: int) -> str:
+        return tiled_kernel_source(plan, name, self.rows)
+
+    def groups(self, plan: PointwisePlan, width: int) -> int:
+        return tile_count(plan)
+
+    def params(self, width: int) -> dict:
+        return {"tile": TILE, "rows": self.rows}
+
 
 SEARCH_SPACE = (
     LaunchConfig(128, 1), LaunchConfig(256, 1), LaunchConfig(512, 1),
     LaunchConfig(128, 4), LaunchConfig(256, 2), LaunchConfig(256, 4),
     LaunchConfig(256, 1, waves=8), LaunchConfig(512, 2, waves=4),
 )
+# Added where an operand is transposed (codegen.wants_tiles): coalesced through shared memory.
+TILED_SEARCH_SPACE = (TiledConfig(8), TiledConfig(4))
 
 
-def grid_blocks(groups: int, block: int, unroll: int, waves: int | None, sm_count: int) -> int:
-    """Blocks to launch: enough for every group once, capped at `waves` full waves of resident
-    blocks (2048 threads an SM) when `waves` is set; at least one, for a scalar tail."""
-    blocks = max(1, -(-groups // (block * unroll)))
+def grid_blocks(groups: int, per_block: int, threads: int, waves: int | None, sm_count: int) -> int:
+    """Blocks of `threads` threads to launch, each taking `per_block` groups a step: enough for
+    every group once, capped at `waves` full waves of resident blocks (2048 threads an SM) when
+    `waves` is set; at least one, for a scalar tail."""
+    blocks = max(1, -(-groups // per_block))
     if waves is not None:
-        blocks = min(blocks, waves * sm_count * (2048 // block))
+        blocks = min(blocks, waves * sm_count * (2048 // threads))
     return blocks
 
 
@@ -44,7 +96,7 @@ def launch_configs(groups: int) -> list[LaunchConfig]:
     or that would leave over half of a single block idle (the first config always stays)."""
     chosen, launches = [], set()
     for c in SEARCH_SPACE:
-        launch = (c.block, c.unroll, grid_blocks(groups, c.block, c.unroll, c.waves, TYPICAL_SM_COUNT))
+        launch = (c.block, c.unroll, grid_blocks(groups, c.groups_per_block, c.block, c.waves, TYPICAL_SM_COUNT))
         if launch in launches or (chosen and c.block * c.unroll > 2 * groups):
             continue
         chosen.append(c)
@@ -53,10 +105,10 @@ def launch_configs(groups: int) -> list[LaunchConfig]:
 
 
 def propose_candidates(plan: PointwisePlan) -> list[Candidate]:
-    width = plan.vector_width
-    return [Candidate(model_source(plan, c), f"builtin:pointwise:{c.tag(width)}",
-                      {"block": c.block, "unroll": c.unroll, "waves": c.waves, "vector_width": width})
-            for c in launch_configs(plan.numel // width)]
+    configs = launch_configs(plan.numel // plan.vector_width) + list(TILED_SEARCH_SPACE if wants_tiles(plan) else ())
+    return [Candidate(model_source(plan, c), f"builtin:pointwise:{c.tag(c.vector_width(plan))}",
+                      c.params(c.vector_width(plan)))
+            for c in configs]
 
 
 _MODEL = string.Template('''\
@@ -70,7 +122,7 @@ from agent_backend.env.fast_kernel import load_kernel
 # builtin:pointwise:$tag - one fused pointwise kernel, specialised to these signatures.
 INPUTS = $inputs  # (shape, stride, dtype) of each input
 OUTPUTS = $outputs
-BLOCK, UNROLL, WAVES = $block, $unroll, $waves
+THREADS, GROUPS_PER_BLOCK, WAVES = $threads, $per_block, $waves
 KERNEL_NAME = "$name"
 ARG_TYPES = $arg_types
 
@@ -80,7 +132,7 @@ MAIN_GROUPS = $main_groups
 # not, FALLBACK (the same computation, one element per access) runs instead.
 MAIN_ALIGNMENT = $alignment
 FALLBACK_SOURCE = $fallback_source
-FALLBACK_GROUPS = $numel
+FALLBACK_GROUPS = $fallback_groups
 
 _main = load_kernel(MAIN_SOURCE, KERNEL_NAME, ARG_TYPES)
 
@@ -95,7 +147,7 @@ $grid_blocks
 @functools.lru_cache(maxsize=None)
 def _blocks(groups, device_index):
     sm_count = torch.cuda.get_device_properties(device_index).multi_processor_count
-    return grid_blocks(groups, BLOCK, UNROLL, WAVES, sm_count)
+    return grid_blocks(groups, GROUPS_PER_BLOCK, THREADS[0] * THREADS[1], WAVES, sm_count)
 
 
 def _check(inputs):
@@ -118,26 +170,26 @@ class ModelNew(nn.Module):
             kernel, groups = _main, MAIN_GROUPS
         else:
             kernel, groups = _fallback(), FALLBACK_GROUPS
-        kernel.launch((_blocks(groups, device.index), 1, 1), (BLOCK, 1, 1), [*inputs, *outputs])
+        kernel.launch((_blocks(groups, device.index), 1, 1), THREADS, [*inputs, *outputs])
         return $returned
 ''')
 
 
-def model_source(plan: PointwisePlan, config: LaunchConfig) -> str:
+def model_source(plan: PointwisePlan, config: LaunchConfig | TiledConfig) -> str:
     """KernelBench-style ModelNew running `plan` with `config`, compiled at import."""
-    width = plan.vector_width
+    width = config.vector_width(plan)
     name = f"pointwise_{config.tag(width)}"
-    fallback = kernel_source(plan, name, config.block, config.unroll, 1) if width > 1 else None
+    fallback = config.kernel(plan, name, 1) if width > 1 else None
     alignment = tuple(width * op.spec.torch_dtype.itemsize if k in plan.reads and is_vector_access(op, width) else 1
                       for k, op in enumerate(plan.inputs))
     params = [f"in{k}" for k in range(len(plan.inputs))]
     return _MODEL.substitute(
-        tag=config.tag(width), name=name, block=config.block, unroll=config.unroll, waves=config.waves,
+        tag=config.tag(width), name=name, threads=config.threads, per_block=config.groups_per_block,
+        waves=config.waves,
         inputs=_signatures(op.spec for op in plan.inputs), outputs=_signatures(op.spec for op in plan.outputs),
         arg_types=["ptr"] * (len(plan.inputs) + len(plan.outputs)),
-        main_source=kernel_source(plan, name, config.block, config.unroll, width),
-        main_groups=plan.numel // width, alignment=alignment,
-        fallback_source=f"r'''{fallback}'''" if fallback else None, numel=plan.numel,
+        main_source=config.kernel(plan, name, width), main_groups=config.groups(plan, width), alignment=alignment,
+        fallback_source=f"r'''{fallback}'''" if fallback else None, fallback_groups=config.groups(plan, 1),
         # the program carries grid_blocks' own source, so its grid is the one pruning assumed
         grid_blocks=inspect.getsource(grid_blocks),
         params=", ".join(params), inputs_tuple=f"({', '.join(params)}{',' if len(params) == 1 else ''})",

@@ -40,6 +40,12 @@ class OpArgs:
         self.ctype = dtype_info(dtype).ctype
         self.round_operands = round_operands
 
+    @property
+    def fast(self) -> bool:
+        """Whether fast fp32 forms may compute this op: its result is rounded to fp16/bf16 at
+        once, which hides their few-ulp fp32 errors."""
+        return self.dtype in (torch.float16, torch.bfloat16)
+
     def __getitem__(self, name: str) -> str:
         value = self.bound[name]
         if not isinstance(value, Value):
@@ -77,6 +83,16 @@ def _call(fn: str, *names: str) -> Callable[[OpArgs], str]:
     return lambda a: f"{fn}({', '.join(a[n] for n in names)})"
 
 
+def _fast_or_precise(fn: str) -> Callable[[OpArgs], str]:
+    """`fn`, or its `_fast` form (DEVICE_FUNCTIONS) where the op's result is fp16/bf16."""
+    return lambda a: f"{fn}{'_fast' if a.fast else ''}({a['self']})"
+
+
+def _quotient(a: OpArgs, num: str, den: str) -> str:
+    """True division, fast where the op's result is fp16/bf16."""
+    return f"pw_div_fast({num}, {den})" if a.fast else f"({num} / {den})"
+
+
 def _infix(op: str) -> Callable[[OpArgs], str]:
     return lambda a: f"({a['self']} {op} {a['other']})"
 
@@ -89,7 +105,7 @@ def _scaled(a: OpArgs, name: str) -> str:
 def _div(a: OpArgs) -> str:
     mode = a.raw("rounding_mode")
     if mode is None:
-        return f"({a['self']} / {a['other']})"
+        return _quotient(a, a["self"], a["other"])
     if mode == "trunc":
         return f"pw_trunc({a['self']} / {a['other']})"
     if mode == "floor":
@@ -150,12 +166,17 @@ def _constant(name: str) -> Callable[[OpArgs], str]:
     return lambda a: a.lit(a.raw(name))
 
 
+# Ops with fast forms for fp16/bf16 results. Inductor's sigmoid is tl.sigmoid, 1 / (1 + tl.exp(-x)):
+# ex2.approx of x * log2(e) and div.full; its silu, x / (1 + exp(-x)), divides with div.full too.
+# tanh stays precise, as Inductor's libdevice.tanh: tanh.approx's 2^-11 error would show in fp16.
+_FAST_UNARY = {aten.sigmoid.default: "pw_sigmoid", aten.exp.default: "pw_exp", aten.silu.default: "pw_silu"}
+
 _UNARY_FLOAT = {
-    aten.abs.default: "pw_fabs", aten.sigmoid.default: "pw_sigmoid", aten.tanh.default: "pw_tanh",
-    aten.exp.default: "pw_exp", aten.expm1.default: "pw_expm1", aten.log.default: "pw_log",
+    aten.abs.default: "pw_fabs", aten.tanh.default: "pw_tanh",
+    aten.expm1.default: "pw_expm1", aten.log.default: "pw_log",
     aten.log1p.default: "pw_log1p", aten.log2.default: "pw_log2", aten.sqrt.default: "pw_sqrt",
     aten.rsqrt.default: "pw_rsqrt", aten.erf.default: "pw_erf", aten.sin.default: "pw_sin",
-    aten.cos.default: "pw_cos", aten.sign.default: "pw_sign", aten.silu.default: "pw_silu",
+    aten.cos.default: "pw_cos", aten.sign.default: "pw_sign",
     aten.mish.default: "pw_mish", aten.hardsigmoid.default: "pw_hardsigmoid",
     aten.hardswish.default: "pw_hardswish", aten.floor.default: "pw_floor", aten.ceil.default: "pw_ceil",
     aten.trunc.default: "pw_trunc", aten.round.default: "pw_rint",
@@ -166,6 +187,7 @@ _COMPARISONS = {"lt": "<", "le": "<=", "gt": ">", "ge": ">=", "eq": "==", "ne": 
 
 def _build_rules() -> dict[Any, OpRule]:
     rules = {op: OpRule("float", _call(fn, "self")) for op, fn in _UNARY_FLOAT.items()}
+    rules.update({op: OpRule("float", _fast_or_precise(fn)) for op, fn in _FAST_UNARY.items()})
     for overload in ("Tensor", "Scalar"):  # a tensor or a Python scalar `other`
         def get(name: str, suffix: str = "") -> Any:
             return getattr(getattr(aten, name), overload + suffix)
@@ -180,7 +202,7 @@ def _build_rules() -> dict[Any, OpRule]:
     rules.update({
         aten.neg.default: OpRule("float", lambda a: f"(-{a['self']})"),
         aten.relu.default: OpRule("float", lambda a: f"pw_clamp_min({a['self']}, {a.lit(0)})"),
-        aten.reciprocal.default: OpRule("float", lambda a: f"({a.lit(1)} / {a['self']})"),
+        aten.reciprocal.default: OpRule("float", lambda a: _quotient(a, a.lit(1), a["self"])),
         aten.pow.Tensor_Scalar: OpRule("float", _pow_tensor_scalar),
         aten.pow.Tensor_Tensor: OpRule("float", _call("pw_pow", "self", "exponent")),
         aten.pow.Scalar: OpRule("float", _call("pw_pow", "self", "exponent")),
@@ -273,4 +295,22 @@ PW_T pw_div_floor(T a, T b) {
 #undef PW_T
 """
 
-DEVICE_FUNCTIONS = _math_overloads() + "\n" + _TEMPLATES
+# Fast fp32 forms, as Triton lowers tl.exp and fp32 `/`: for ops whose result is rounded to
+# fp16/bf16 (OpArgs.fast). Not .ftz: subnormals stay; inf, NaN and overflow behave as the
+# precise forms (ex2(-inf) = 0, x / inf = 0, 0 / 0 = NaN).
+_FAST = r"""
+__device__ __forceinline__ float pw_exp_fast(float x) {
+  float y;
+  asm("ex2.approx.f32 %0, %1;" : "=f"(y) : "f"(x * 1.44269504088896341f));
+  return y;
+}
+__device__ __forceinline__ float pw_div_fast(float a, float b) {
+  float q;
+  asm("div.full.f32 %0, %1, %2;" : "=f"(q) : "f"(a), "f"(b));
+  return q;
+}
+__device__ __forceinline__ float pw_sigmoid_fast(float x) { return pw_div_fast(1.0f, 1.0f + pw_exp_fast(-x)); }
+__device__ __forceinline__ float pw_silu_fast(float x) { return pw_div_fast(x, 1.0f + pw_exp_fast(-x)); }
+"""
+
+DEVICE_FUNCTIONS = _math_overloads() + "\n" + _TEMPLATES + _FAST
