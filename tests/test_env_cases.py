@@ -53,12 +53,13 @@ def contiguous(shape: tuple[int, ...], dtype: str, device: str) -> TensorSpec:
     return TensorSpec(tuple(shape), tuple(stride), dtype, device)
 
 
-def make_task(name: str, body: str, inputs: list[TensorSpec], outputs: list[TensorSpec], kind: str) -> Task:
-    """A task whose Model.forward(in0, in1, ...) runs `body` (which returns the outputs)."""
+def make_task(name: str, body: str, inputs: list[TensorSpec], outputs: list[TensorSpec], kind: str,
+              ops: tuple[str, ...]) -> Task:
+    """A task whose Model.forward(in0, in1, ...) runs `body` (which returns the outputs), made of `ops`."""
     args = ", ".join(f"in{i}" for i in range(len(inputs)))
     makers = ", ".join(f"torch.randn({s.shape}, dtype=torch.{s.dtype}, device={s.device!r})" for s in inputs)
     program = _PROGRAM.format(args=args, body=textwrap.indent(textwrap.dedent(body).strip(), " " * 8), inputs=makers)
-    return Task(hash=name, program=program, inputs=tuple(inputs), outputs=tuple(outputs), ops=(), kind=kind)
+    return Task(hash=name, program=program, inputs=tuple(inputs), outputs=tuple(outputs), ops=ops, kind=kind)
 
 
 _CANDIDATE = """\
@@ -88,19 +89,20 @@ def make_candidate(body: str, args: str = "a, b", init: str = "pass", header: st
 def add_relu_task(device: str = "cpu", shape=(32, 64), dtype: str = "float32") -> Task:
     spec = contiguous(shape, dtype, device)
     return make_task(f"add_relu_{device}_{dtype}", "return aten.relu.default(aten.add.Tensor(in0, in1))",
-                     [spec, spec], [spec], "pointwise")
+                     [spec, spec], [spec], "pointwise", ("aten.add.Tensor", "aten.relu.default"))
 
 
 def sum_diff_task(device: str = "cpu", shape=(16, 8)) -> Task:
     """Two outputs: in0 + in1 and in0 - in1."""
     spec = contiguous(shape, "float32", device)
     return make_task(f"sum_diff_{device}", "return aten.add.Tensor(in0, in1), aten.sub.Tensor(in0, in1)",
-                     [spec, spec], [spec, spec], "pointwise")
+                     [spec, spec], [spec, spec], "pointwise", ("aten.add.Tensor", "aten.sub.Tensor"))
 
 
 def matmul_task(device: str = "cpu", m: int = 256, k: int = 1024, n: int = 256, dtype: str = "float32") -> Task:
     a, b, out = contiguous((m, k), dtype, device), contiguous((k, n), dtype, device), contiguous((m, n), dtype, device)
-    return make_task(f"mm_{device}_{dtype}_{m}x{k}x{n}", "return aten.mm.default(in0, in1)", [a, b], [out], "matmul")
+    return make_task(f"mm_{device}_{dtype}_{m}x{k}x{n}", "return aten.mm.default(in0, in1)", [a, b], [out], "matmul",
+                     ("aten.mm.default",))
 
 
 GOOD_ADD_RELU = make_candidate("return torch.relu(a + b)")
