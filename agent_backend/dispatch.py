@@ -70,6 +70,7 @@ class Dispatcher:
         entry = self.cache.local.read(digest)
         if entry is None or entry.outcome != "kernel" or not entry.task:
             return None
+        self.cache.touch(digest)
         return runtime.Winner(key=digest, source=entry.source, outputs=Task.from_json(entry.task).outputs,
                               origin=entry.origin)
 
@@ -106,6 +107,7 @@ class Dispatcher:
                 entry = self._reverify(task, key, entry, lookup.layer)
                 if entry is None:
                     return Decision(task, None, f"{lookup.layer} entry failed verification here")
+            self.cache.touch(key)
             return self._dispatch(task, key.digest, entry)
         if no_search:
             return Decision(task, None, no_search)

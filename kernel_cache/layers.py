@@ -213,9 +213,10 @@ class KernelCache:
             values[key.digest], last_used[key.digest] = entry.to_json(), entry.last_used
         return self.local.store.put(values, last_used)
 
-    def touch(self, key: CacheKey) -> None:
-        """Record a use of `key`'s entry, for least-recently-used pruning (written in batches)."""
-        self._pending_touches[key.digest] = time.time()
+    def touch(self, key: CacheKey | str) -> None:
+        """Record a use of `key`'s entry (a key or its digest), for least-recently-used pruning
+        (written in batches, and at close or exit)."""
+        self._pending_touches[key if isinstance(key, str) else key.digest] = time.time()
         if len(self._pending_touches) >= _TOUCH_BATCH:
             self.flush()
 

@@ -12,6 +12,7 @@ import textwrap
 import torch
 
 from agent_backend import runtime
+from kernel_cache import KernelCache
 from helpers import collect_tasks, put_cached_entry
 
 GATE_WINNER = '''
@@ -64,14 +65,23 @@ def _gate_task():
     return task
 
 
+def _last_used(cache_dir, digest: str) -> float:
+    with KernelCache.open(cache_dir) as cache:
+        return cache.local.store.last_used_times()[digest]
+
+
 def test_replayed_graph_loads_its_winner_from_the_kernel_cache(cache_dir, tmp_path):
-    put_cached_entry(_gate_task(), source=GATE_WINNER, cache_dir=cache_dir)
+    digest = put_cached_entry(_gate_task(), source=GATE_WINNER, cache_dir=cache_dir)
     inductor_dir = tmp_path / "inductor"
+    uses = [_last_used(cache_dir, digest)]
     first = _run_process(cache_dir, inductor_dir)
     assert (first["misses"], first["decisions"], first["calls"], first["error"]) == (1, ["kernel test"], 1, 0.0)
+    uses.append(_last_used(cache_dir, digest))
     second = _run_process(cache_dir, inductor_dir)
     assert second["hits"] == 1 and second["decisions"] == [], "the graph was compiled again"
     assert second["calls"] == 1 and second["error"] == 0.0, "the replayed graph did not run the cached winner"
+    uses.append(_last_used(cache_dir, digest))
+    assert uses[0] < uses[1] < uses[2], "each process's use of the winner is recorded, for LRU pruning"
 
 
 def test_any_change_to_the_kernel_cache_is_a_new_graph_cache_key(cache_dir, tmp_path):
