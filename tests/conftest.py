@@ -1,5 +1,7 @@
-"""Shared test set-up: `gpu` tests skip cleanly where CUDA is missing, and no test touches the
-user's own cache (~/.cache/cuda_agent)."""
+"""Shared test set-up: `gpu` tests skip cleanly where CUDA is missing, no test touches the
+user's own cache (~/.cache/cuda_agent), and Inductor's caches of compiled graphs are off in the
+test process, so that every compile runs our pass and reports its decisions whatever ran before
+(tests/test_fx_graph_cache.py turns them on in the processes it starts)."""
 import os
 import tempfile
 
@@ -9,6 +11,8 @@ import torch
 
 def pytest_configure(config):
     os.environ["CUDA_AGENT_CACHE_DIR"] = tempfile.mkdtemp(prefix="cuda_agent_tests_")
+    torch._inductor.config.fx_graph_cache = False
+    torch._functorch.config.enable_autograd_cache = False
 
 
 def pytest_collection_modifyitems(config, items):

@@ -54,7 +54,8 @@ class Gate(torch.nn.Module):
 
 
 def _run_process(cache_dir, inductor_dir) -> dict:
-    env = {**os.environ, "CUDA_AGENT_CACHE_DIR": str(cache_dir), "TORCHINDUCTOR_CACHE_DIR": str(inductor_dir)}
+    env = {**os.environ, "CUDA_AGENT_CACHE_DIR": str(cache_dir), "TORCHINDUCTOR_CACHE_DIR": str(inductor_dir),
+           "TORCHINDUCTOR_FX_GRAPH_CACHE": "1", "TORCHINDUCTOR_AUTOGRAD_CACHE": "1"}
     done = subprocess.run([sys.executable, "-c", RUN], env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout.strip().splitlines()[-1])

@@ -4,6 +4,7 @@ import json
 import textwrap
 
 import pytest
+import torch
 
 from agent_backend.cli import main
 from agent_backend.explain import load_factory
@@ -62,7 +63,10 @@ def test_warm_on_cpu_says_nothing_was_searched(model_file, cache_dir, capsys):
     assert "nothing was searched" in out and "1 subgraph(s): 0 run by our kernels, 1 by Inductor" in out
 
 
-def test_report_shows_a_cached_winner(model_file, cache_dir, capsys):
+def test_report_shows_a_cached_winner(model_file, cache_dir, capsys, monkeypatch):
+    # Inductor's graph caches on (conftest turns them off): report must still see every graph.
+    monkeypatch.setattr(torch._inductor.config, "fx_graph_cache", True)
+    monkeypatch.setattr(torch._functorch.config, "enable_autograd_cache", True)
     model, inputs = load_factory(f"{model_file}:make")()
     (task,) = collect_tasks(model, list(inputs), backward=False, min_ops=2)
     put_cached_entry(task, source=GATE_WINNER)
