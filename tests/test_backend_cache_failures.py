@@ -1,8 +1,6 @@
 """A broken cache never breaks torch.compile: the file is set aside and compilation goes on."""
 import logging
 
-import torch
-
 from helpers import assert_close_lists, run_fwd_bwd
 from models import model_set
 

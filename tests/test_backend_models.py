@@ -1,7 +1,6 @@
 """The backend by name gives exactly Inductor's results where no kernel of ours applies (CPU),
 forward and backward, for the whole model set."""
 import pytest
-import torch
 
 from helpers import assert_close_lists, run_fwd_bwd
 from models import model_set
