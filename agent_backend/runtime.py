@@ -127,7 +127,9 @@ def _conform(out: torch.Tensor, spec: TensorSpec) -> torch.Tensor:
 @torch.library.custom_op("cuda_agent::run_winner", mutates_args=())
 def run_winner(key: str, program: str, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
     device = inputs[0].device
-    winner = _registry.get(key) or _load_from_sources(key, device)
+    winner = _registry.get(key)
+    if winner is None and key not in _references:  # a winner found missing once stays missing
+        winner = _load_from_sources(key, device)
     if winner is None:
         result = _reference(key, program)(*inputs)
         return [result] if isinstance(result, torch.Tensor) else list(result)

@@ -94,13 +94,16 @@ def test_any_change_to_the_kernel_cache_is_a_new_graph_cache_key(cache_dir, tmp_
     assert (after["misses"], after["decisions"], after["calls"]) == (1, ["kernel test"], 1)
 
 
-def test_a_winner_gone_from_the_cache_runs_its_subgraph_program(caplog):
+def test_a_winner_gone_from_the_cache_runs_its_subgraph_program(caplog, monkeypatch):
     task = _gate_task()
     x, y = torch.randn(64, 32), torch.randn(64, 32)
+    asked = []
+    monkeypatch.setitem(runtime._winner_sources, "a cache without it", lambda key: asked.append(key))
     with caplog.at_level(logging.WARNING, logger="cuda_agent"):
-        for _ in range(2):
+        for _ in range(3):
             (out,) = torch.ops.cuda_agent.run_winner("no-such-kernel", task.program, [x, y])
             assert torch.equal(out, Gate()(x, y))
     assert runtime.registered("no-such-kernel") is None
+    assert asked == ["no-such-kernel"], "the caches are asked once, not on every call"
     warnings = [r.message for r in caplog.records if "no-such-kern" in r.message]
     assert len(warnings) == 1 and "plain torch ops" in warnings[0]
