@@ -171,7 +171,8 @@ class Dispatcher:
             except Exception as e:  # a cached winner that no longer loads must not break compile
                 log.warning("cuda_agent: cached kernel %s failed to load (%s); using Inductor", key[:12], e)
                 return Decision(task, None, f"cached kernel failed to load: {type(e).__name__}")
-        return Decision(task, key, f"kernel {entry.origin}")
+        speedup = entry.timings.get("counted_speedup") or entry.timings.get("speedup_vs_inductor")
+        return Decision(task, key, f"kernel {entry.origin}" + (f" ({speedup:.2f}x Inductor)" if speedup else ""))
 
 
 @functools.cache

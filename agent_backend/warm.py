@@ -10,6 +10,7 @@ import json
 import logging
 
 import torch
+import torch._functorch.config
 
 from . import backend
 from .explain import load_factory, run_compiled

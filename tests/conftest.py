@@ -7,6 +7,7 @@ import tempfile
 
 import pytest
 import torch
+import torch._functorch.config
 
 
 def pytest_configure(config):

@@ -46,14 +46,16 @@ def collect_tasks(model, inputs, backward: bool = True, min_ops: int = 1):
 
 
 def put_cached_entry(task, outcome: str = "kernel", source: str | None = None, *, device: str = "cpu",
-                     cache_dir=None, trust_key=None, reason: str = "supplied by a test", provenance=None) -> str:
+                     cache_dir=None, trust_key=None, reason: str = "supplied by a test", provenance=None,
+                     timings=None) -> str:
     """Store an entry for `task` under the key the backend looks up with default options; its digest."""
     from agent_backend.dispatch import user_precision
     from agent_backend.options import resolve
     from kernel_cache import Entry, KernelCache, make_key
     key = make_key(task.hash, task.inputs, device, user_precision(resolve({})))
     entry = Entry(outcome=outcome, reason=reason, source=source, origin="test", provenance=provenance or {"policy": "test"},
-                  task=task.to_json(), key=key.to_json(), last_used=time.time(), created=time.time())
+                  timings=timings or {}, task=task.to_json(), key=key.to_json(), last_used=time.time(),
+                  created=time.time())
     cache = KernelCache.open(cache_dir=cache_dir, trust_key=trust_key)
     cache.put(key, entry)
     cache.close()

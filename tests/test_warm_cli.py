@@ -5,6 +5,7 @@ import textwrap
 
 import pytest
 import torch
+import torch._functorch.config
 
 from agent_backend.cli import main
 from agent_backend.explain import load_factory
@@ -63,18 +64,19 @@ def test_warm_on_cpu_says_nothing_was_searched(model_file, cache_dir, capsys):
     assert "nothing was searched" in out and "1 subgraph(s): 0 run by our kernels, 1 by Inductor" in out
 
 
-def test_report_shows_a_cached_winner(model_file, cache_dir, capsys, monkeypatch):
-    # Inductor's graph caches on (conftest turns them off): report must still see every graph.
-    monkeypatch.setattr(torch._inductor.config, "fx_graph_cache", True)
-    monkeypatch.setattr(torch._functorch.config, "enable_autograd_cache", True)
+def test_report_shows_a_cached_winner(model_file, cache_dir, capsys):
     model, inputs = load_factory(f"{model_file}:make")()
     (task,) = collect_tasks(model, list(inputs), backward=False, min_ops=2)
-    put_cached_entry(task, source=GATE_WINNER)
-    for _ in range(2):  # the second time too, when Inductor's graph cache could replay the graph
-        code, out = _run(capsys, "report", f"{model_file}:make", "--no-backward", "--json")
-        assert code == 0
-        (decision,) = json.loads(out)
-        assert (decision["hash"], decision["outcome"], decision["reason"]) == (task.hash, "kernel", "kernel test")
+    put_cached_entry(task, source=GATE_WINNER, timings={"speedup_vs_inductor": 1.3, "counted_speedup": 1.25})
+    # Inductor's graph caches on (conftest turns them off): report must still see every graph,
+    # also the second time, when Inductor could replay the graph.
+    with torch._inductor.config.patch(fx_graph_cache=True), torch._functorch.config.patch(enable_autograd_cache=True):
+        for _ in range(2):
+            code, out = _run(capsys, "report", f"{model_file}:make", "--no-backward", "--json")
+            assert code == 0
+            (decision,) = json.loads(out)
+            assert (decision["hash"], decision["outcome"], decision["reason"]) == (
+                task.hash, "kernel", "kernel test (1.25x Inductor)")
 
 
 @pytest.mark.parametrize("option, message", [
