@@ -75,20 +75,36 @@ class SubgraphPass(CustomGraphPass):
     def __call__(self, graph: fx.Graph) -> None:
         report = GraphReport(graph_index=len(self.reports))
         self.reports.append(report)
-        for group in partition(graph):
+        try:
+            groups = partition(graph)
+        except Exception as e:  # a bug of ours must not fail the user's compile: Inductor takes it all
+            log.warning("cuda_agent: could not partition graph %d (%s: %s); Inductor compiles it as is",
+                        report.graph_index, type(e).__name__, e, exc_info=True)
+            return
+        for group in groups:
             if group.op_count() < self.min_ops:
                 continue
-            try:
-                task = extract_task(group)
-            except UnsupportedGroup as e:
-                report.decisions.append(Decision(None, None, f"not a task: {e}"))
-                continue
-            decision = self.decide(task)
+            decision = self._decision(group)
             report.decisions.append(decision)
             if decision.winner_key:
-                rewrite(graph, group, decision.winner_key, task.program)
+                rewrite(graph, group, decision.winner_key, decision.task.program)
         graph.lint()
         log.info(report.summary())
+
+    def _decision(self, group: Group) -> Decision:
+        try:
+            task = extract_task(group)
+        except UnsupportedGroup as e:
+            return Decision(None, None, f"not a task: {e}")
+        except Exception as e:  # as above: the group stays with Inductor
+            log.warning("cuda_agent: could not make a task of a group (%s: %s)", type(e).__name__, e, exc_info=True)
+            return Decision(None, None, f"internal error making the task: {type(e).__name__}: {e}")
+        try:
+            return self.decide(task)
+        except Exception as e:
+            log.warning("cuda_agent: deciding task %s failed (%s: %s); Inductor keeps it", task.hash[:12],
+                        type(e).__name__, e, exc_info=True)
+            return Decision(task, None, f"internal error: {type(e).__name__}: {e}")
 
     def uuid(self):
         # None makes Inductor bypass its FX graph cache for the graph (no lookup, no store).
