@@ -15,7 +15,7 @@ import torch
 from . import runtime
 from .graph_pass import Decision
 from .options import Settings
-from .policies import source_revision
+from .policies import PolicyError, source_revision
 from .specs import Task
 
 log = logging.getLogger("cuda_agent")
@@ -115,7 +115,11 @@ class Dispatcher:
             written_by = lookup.entry.provenance
             log.info("cuda_agent: searching task %s again: its cached result (%s) came from policy %s revision %s",
                      task.hash[:12], lookup.entry.outcome, written_by.get("policy"), written_by.get("policy_revision"))
-        entry = self._search(task)
+        try:
+            entry = self._search(task)
+        except PolicyError as e:  # not a result: nothing cached, the next compile asks again
+            log.warning("%s; task %s stays with Inductor", e, task.hash[:12])
+            return Decision(task, None, str(e))
         self.cache.put(key, entry)
         if entry.outcome == "kernel":
             return self._dispatch(task, key.digest, entry)

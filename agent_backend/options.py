@@ -10,7 +10,7 @@ from dataclasses import dataclass, fields
 from typing import Any, Callable
 
 MODES = ("search", "cached", "off")
-POLICIES = ("builtin",)
+POLICIES = ("builtin", "llm")
 
 
 class OptionError(ValueError):
@@ -104,7 +104,13 @@ OPTIONS: tuple[Option, ...] = (
            "search: look subgraphs up in the cache and search kernels for misses on a GPU; "
            "cached: use cached winners only, never search; off: plain Inductor"),
     Option("policy", "builtin", _choice(POLICIES),
-           "who writes candidates: builtin = the template library in skills/ (needs no model)"),
+           "who writes candidates: builtin = the template library in skills/ (needs no model); "
+           "llm = a model behind an OpenAI-compatible chat API (set llm_url and llm_model)"),
+    Option("llm_url", None, _optional_str,
+           "policy=llm: base URL of the chat API, e.g. http://localhost:8000/v1 for `vllm serve`"),
+    Option("llm_model", None, _optional_str, "policy=llm: the model name to ask for"),
+    Option("llm_api_key", None, _optional_str, "policy=llm: bearer token for the API, where it needs one"),
+    Option("llm_samples", 4, _positive(int), "policy=llm: candidates asked for per round"),
     Option("cache_dir", None, _optional_str,
            "local cache directory (default $XDG_CACHE_HOME/cuda_agent or ~/.cache/cuda_agent)"),
     Option("team_cache", (), _path_list,
@@ -130,6 +136,10 @@ ENV_PREFIX = "CUDA_AGENT_"
 class Settings:
     mode: str
     policy: str
+    llm_url: str | None
+    llm_model: str | None
+    llm_api_key: str | None
+    llm_samples: int
     cache_dir: str | None
     team_cache: tuple[str, ...]
     trust_key: str | None
@@ -144,6 +154,7 @@ class Settings:
         """The settings without secrets, for logs and reports."""
         d = {f.name: getattr(self, f.name) for f in fields(self)}
         d["trust_key"] = "<set>" if self.trust_key else None
+        d["llm_api_key"] = "<set>" if self.llm_api_key else None
         return d
 
 
@@ -172,6 +183,9 @@ def resolve(options: dict | None = None, environ: dict | None = None) -> Setting
             values[opt.name] = _parse(opt, environ[env_name], f"environment variable {env_name}")
         else:
             values[opt.name] = opt.default
+    if values["policy"] == "llm" and not (values["llm_url"] and values["llm_model"]):
+        raise OptionError("cuda_agent: policy 'llm' needs llm_url (the chat API, e.g. http://localhost:8000/v1) "
+                          "and llm_model (the model it serves)")
     return Settings(**values)
 
 

@@ -151,3 +151,29 @@ def test_user_precision_reads_cublas_and_cudnn_tf32_separately():
             assert (precision["allow_tf32"], precision["allow_cudnn_tf32"]) == (cublas, cudnn)
     finally:
         torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = before
+
+
+def test_a_policy_that_cannot_propose_now_caches_nothing(cache_dir, monkeypatch):
+    """A model server that is down is no result: the task stays with Inductor, and the next
+    compile asks again."""
+    import dataclasses
+    from agent_backend.dispatch import Dispatcher
+    import kernel_cache
+    from agent_backend.policies import PolicyError
+    from kernel_cache import KernelCache
+
+    def unavailable(self, task):
+        raise PolicyError("cuda_agent: no answer from the model server at http://127.0.0.1:9/v1")
+    task = _swish_task(Net(), torch.randn(4, 16))
+    on_cuda = lambda specs: tuple(dataclasses.replace(s, device="cuda") for s in specs)  # noqa: E731
+    task = dataclasses.replace(task, inputs=on_cuda(task.inputs), outputs=on_cuda(task.outputs))
+    monkeypatch.setattr(Dispatcher, "_search", unavailable)
+    # As on a GPU machine, where a search is due (keyed as on this one, which has no GPU to name).
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    real_make_key = kernel_cache.make_key
+    monkeypatch.setattr(kernel_cache, "make_key", lambda h, inputs, device, precision: real_make_key(
+        h, inputs, "cpu", precision))
+    decision = Dispatcher(resolve({})).decide(task)
+    assert decision.winner_key is None and "no answer from the model server" in decision.reason
+    with KernelCache.open() as cache:
+        assert list(cache.items()) == []

@@ -4,7 +4,8 @@
   written by another policy or another revision of this one is searched again, since the
   newer policy may now win; a cached winner stays until something beats it.
 - `why_not(task) -> str | None`: None if the policy can propose for `task`, else why not.
-- `propose(task, feedback) -> list[Candidate]`: the next candidates, given the evaluations so far.
+- `propose(task, feedback) -> list[Candidate]`: the next candidates, given the evaluations so far
+  (in the order of the candidates proposed); PolicyError when it cannot propose now.
 """
 from __future__ import annotations
 
@@ -14,10 +15,19 @@ from pathlib import Path
 from ..options import Settings
 
 
+class PolicyError(RuntimeError):
+    """The policy cannot propose now (its model server is down, say): nothing is cached, so the
+    next compile tries again."""
+
+
 def make_policy(settings: Settings):
     if settings.policy == "builtin":
         from .builtin import BuiltinPolicy
         return BuiltinPolicy()
+    if settings.policy == "llm":
+        from .llm import LLMPolicy
+        return LLMPolicy(settings.llm_url, settings.llm_model, settings.llm_samples, settings.llm_api_key,
+                         timeout_s=settings.search_budget_s)
     raise ValueError(f"unknown policy {settings.policy!r}")  # options.py validated it already
 
 

@@ -1,0 +1,137 @@
+"""The `llm` policy: a model behind an OpenAI-compatible chat API (`vllm serve`, or any server
+that speaks /chat/completions) writes the candidates.
+
+Each round asks for `samples` answers to one prompt: skills/SKILL.md as the system message, then
+the task's program and, from the second round on, the latest earlier candidates with what the
+environment said of each (compile errors, mismatches, speedups). Each answer's last Python code
+block defining ModelNew is a candidate. The search loop decides how many rounds there are.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+from ..specs import Candidate, Task
+from . import PolicyError
+
+SKILL_PATH = Path(__file__).resolve().parents[2] / "skills" / "SKILL.md"
+TEMPERATURE = 0.8
+MAX_TOKENS = 8192
+# Bound the prompt: the latest attempts only, their sources and verdicts cut to these lengths.
+_MAX_ATTEMPTS_SHOWN = 8
+_MAX_FEEDBACK_SOURCE = 8000
+_MAX_FEEDBACK_REASON = 1500
+
+_TASK_PROMPT = """\
+Write a faster `ModelNew` for this PyTorch program. It must compute the same outputs for inputs
+with exactly these shapes, strides and dtypes, on device {device}.
+
+```python
+{program}
+```
+
+Inputs: {inputs}
+Outputs: {outputs}
+"""
+_FEEDBACK_PROMPT = """\
+
+Your previous answers and what the environment found:
+{attempts}
+Improve on them: fix what failed, and make the fastest correct one faster.
+"""
+_ANSWER_PROMPT = """
+Answer with one complete Python code block that defines `class ModelNew(nn.Module)`.
+"""
+_CODE_BLOCK = re.compile(r"```(?:python|py)?[ \t]*\n(.*?)```", re.DOTALL)
+
+
+def _signature(specs) -> str:
+    return ", ".join(f"{s.dtype}{list(s.shape)} stride {list(s.stride)}" for s in specs)
+
+
+def extract_source(answer: str) -> str | None:
+    """The last fenced code block of `answer` that defines ModelNew, if any."""
+    blocks = [b for b in _CODE_BLOCK.findall(answer) if "class ModelNew" in b]
+    return blocks[-1].strip() + "\n" if blocks else None
+
+
+def _verdict(ev) -> str:
+    if ev.status == "passed" and ev.profile and ev.profile.get("speedup_vs_inductor"):
+        return f"correct, {ev.profile['speedup_vs_inductor']:.2f}x the speed of torch.compile (Inductor)"
+    if ev.status == "passed":
+        return "correct"
+    return f"{ev.status}: {ev.reason[:_MAX_FEEDBACK_REASON]}"
+
+
+class LLMPolicy:
+    def __init__(self, url: str, model: str, samples: int, api_key: str | None = None, timeout_s: float = 600.0):
+        self.url = url.rstrip("/") + "/chat/completions"
+        self.model, self.samples, self.api_key, self.timeout_s = model, samples, api_key, timeout_s
+        self.skill = SKILL_PATH.read_text()
+        self._proposed: dict[str, list[Candidate]] = {}  # task hash -> candidates, in the order evaluated
+        self._rounds: dict[str, int] = {}
+
+    @property
+    def name(self) -> str:
+        return f"llm:{self.model}"
+
+    @property
+    def revision(self) -> str:
+        """The model and every word it is shown: a change to any re-opens cached losers."""
+        text = "\0".join([self.model, self.skill, _TASK_PROMPT, _FEEDBACK_PROMPT, _ANSWER_PROMPT])
+        return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+    def why_not(self, task: Task) -> str | None:
+        return None  # a model may try any task
+
+    def propose(self, task: Task, feedback: list) -> list[Candidate]:
+        earlier = self._proposed.setdefault(task.hash, [])
+        round_number = self._rounds[task.hash] = self._rounds.get(task.hash, 0) + 1
+        answers = self._ask(self._messages(task, list(zip(earlier, feedback))))
+        candidates, seen = [], {c.source for c in earlier}
+        for i, answer in enumerate(answers):
+            source = extract_source(answer)
+            if source and source not in seen:
+                seen.add(source)
+                candidates.append(Candidate(source, self.name, {"round": round_number, "sample": i}))
+        earlier.extend(candidates)
+        return candidates
+
+    def _messages(self, task: Task, attempts: list) -> list[dict]:
+        prompt = _TASK_PROMPT.format(device=task.outputs[0].device, program=task.program.strip(),
+                                     inputs=_signature(task.inputs), outputs=_signature(task.outputs))
+        if attempts:
+            first = max(0, len(attempts) - _MAX_ATTEMPTS_SHOWN)
+            prompt += _FEEDBACK_PROMPT.format(attempts="".join(
+                f"\nAttempt {k + 1}: {_verdict(ev)}\n```python\n{c.source[:_MAX_FEEDBACK_SOURCE]}```\n"
+                for k, (c, ev) in enumerate(attempts) if k >= first))
+        return [{"role": "system", "content": self.skill}, {"role": "user", "content": prompt + _ANSWER_PROMPT}]
+
+    def _ask(self, messages: list[dict]) -> list[str]:
+        """The answers' texts; PolicyError when the server cannot be used."""
+        body = json.dumps({"model": self.model, "messages": messages, "n": self.samples,
+                           "temperature": TEMPERATURE, "max_tokens": MAX_TOKENS}).encode()
+        headers = {"Content-Type": "application/json"}
+        if self.api_key:
+            headers["Authorization"] = f"Bearer {self.api_key}"
+        request = urllib.request.Request(self.url, data=body, headers=headers, method="POST")
+        try:
+            with urllib.request.urlopen(request, timeout=self.timeout_s) as response:
+                reply = json.loads(response.read())
+        except urllib.error.HTTPError as e:
+            detail = e.read().decode(errors="replace")[:500]
+            raise PolicyError(f"cuda_agent: {self.url} answered HTTP {e.code}: {detail}") from None
+        except (urllib.error.URLError, TimeoutError, OSError) as e:
+            raise PolicyError(f"cuda_agent: no answer from the model server at {self.url}: "
+                              f"{getattr(e, 'reason', e)}") from None
+        except json.JSONDecodeError:
+            raise PolicyError(f"cuda_agent: {self.url} did not answer with JSON") from None
+        try:
+            return [choice["message"]["content"] or "" for choice in reply["choices"]]
+        except (KeyError, TypeError):
+            raise PolicyError(f"cuda_agent: {self.url} answered without choices[].message.content: "
+                              f"{json.dumps(reply)[:300]}") from None
