@@ -11,6 +11,7 @@ import pytest
 
 from agent_backend.options import OptionError, resolve
 from agent_backend.policies import PolicyError, make_policy
+from agent_backend.policies.chat import OpenAIChat
 from agent_backend.policies.llm import LLMPolicy, extract_source
 from agent_backend.search import search_task
 from test_env_cases import add_relu_task, module_environment
@@ -145,7 +146,7 @@ def test_an_unusable_server_is_a_policy_error_naming_it(server):
 
 
 def test_a_server_that_is_not_there_is_a_policy_error():
-    policy = LLMPolicy("http://127.0.0.1:9/v1", "test-coder", 2, timeout_s=5)
+    policy = LLMPolicy(OpenAIChat("http://127.0.0.1:9/v1", "test-coder", timeout_s=5), samples=2)
     with pytest.raises(PolicyError, match="no answer from the model server at http://127.0.0.1:9/v1"):
         policy.propose(TASK, [])
 

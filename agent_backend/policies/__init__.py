@@ -25,9 +25,10 @@ def make_policy(settings: Settings):
         from .builtin import BuiltinPolicy
         return BuiltinPolicy()
     if settings.policy == "llm":
+        from .chat import OpenAIChat
         from .llm import LLMPolicy
-        return LLMPolicy(settings.llm_url, settings.llm_model, settings.llm_samples, settings.llm_api_key,
-                         timeout_s=settings.search_budget_s)
+        chat = OpenAIChat(settings.llm_url, settings.llm_model, settings.llm_api_key, timeout_s=settings.search_budget_s)
+        return LLMPolicy(chat, settings.llm_samples)
     raise ValueError(f"unknown policy {settings.policy!r}")  # options.py validated it already
 
 

@@ -1,5 +1,5 @@
-"""The `llm` policy: a model behind an OpenAI-compatible chat API (`vllm serve`, or any server
-that speaks /chat/completions) writes the candidates.
+"""The `llm` policy: a chat model writes the candidates (today through an OpenAI-compatible chat
+API, `vllm serve` or any server that speaks /chat/completions: chat.py).
 
 Each round asks for `samples` answers to one prompt: skills/SKILL.md as the system message, then
 the task's program and, from the second round on, the latest earlier candidates with what the
@@ -9,18 +9,12 @@ block defining ModelNew is a candidate. The search loop decides how many rounds 
 from __future__ import annotations
 
 import hashlib
-import json
 import re
-import urllib.error
-import urllib.request
 from pathlib import Path
 
 from ..specs import Candidate, Task
-from . import PolicyError
+from .chat import ChatClient
 
-SKILL_PATH = Path(__file__).resolve().parents[2] / "skills" / "SKILL.md"
-TEMPERATURE = 0.8
-MAX_TOKENS = 8192
 # Bound the prompt: the latest attempts only, their sources and verdicts cut to these lengths.
 _MAX_ATTEMPTS_SHOWN = 8
 _MAX_FEEDBACK_SOURCE = 8000
@@ -68,10 +62,10 @@ def _verdict(ev) -> str:
 
 
 class LLMPolicy:
-    def __init__(self, url: str, model: str, samples: int, api_key: str | None = None, timeout_s: float = 600.0):
-        self.url = url.rstrip("/") + "/chat/completions"
-        self.model, self.samples, self.api_key, self.timeout_s = model, samples, api_key, timeout_s
-        self.skill = SKILL_PATH.read_text()
+    def __init__(self, chat: ChatClient, samples: int):
+        self.chat, self.model, self.samples = chat, chat.model, samples
+        import skills
+        self.skill = (Path(skills.__file__).parent / "SKILL.md").read_text()
         self._proposed: dict[str, list[Candidate]] = {}  # task hash -> candidates, in the order evaluated
         self._rounds: dict[str, int] = {}
 
@@ -91,7 +85,7 @@ class LLMPolicy:
     def propose(self, task: Task, feedback: list) -> list[Candidate]:
         earlier = self._proposed.setdefault(task.hash, [])
         round_number = self._rounds[task.hash] = self._rounds.get(task.hash, 0) + 1
-        answers = self._ask(self._messages(task, list(zip(earlier, feedback))))
+        answers = self.chat.complete(self._messages(task, list(zip(earlier, feedback))), self.samples)
         candidates, seen = [], {c.source for c in earlier}
         for i, answer in enumerate(answers):
             source = extract_source(answer)
@@ -110,28 +104,3 @@ class LLMPolicy:
                 f"\nAttempt {k + 1}: {_verdict(ev)}\n```python\n{c.source[:_MAX_FEEDBACK_SOURCE]}```\n"
                 for k, (c, ev) in enumerate(attempts) if k >= first))
         return [{"role": "system", "content": self.skill}, {"role": "user", "content": prompt + _ANSWER_PROMPT}]
-
-    def _ask(self, messages: list[dict]) -> list[str]:
-        """The answers' texts; PolicyError when the server cannot be used."""
-        body = json.dumps({"model": self.model, "messages": messages, "n": self.samples,
-                           "temperature": TEMPERATURE, "max_tokens": MAX_TOKENS}).encode()
-        headers = {"Content-Type": "application/json"}
-        if self.api_key:
-            headers["Authorization"] = f"Bearer {self.api_key}"
-        request = urllib.request.Request(self.url, data=body, headers=headers, method="POST")
-        try:
-            with urllib.request.urlopen(request, timeout=self.timeout_s) as response:
-                reply = json.loads(response.read())
-        except urllib.error.HTTPError as e:
-            detail = e.read().decode(errors="replace")[:500]
-            raise PolicyError(f"cuda_agent: {self.url} answered HTTP {e.code}: {detail}") from None
-        except (urllib.error.URLError, TimeoutError, OSError) as e:
-            raise PolicyError(f"cuda_agent: no answer from the model server at {self.url}: "
-                              f"{getattr(e, 'reason', e)}") from None
-        except json.JSONDecodeError:
-            raise PolicyError(f"cuda_agent: {self.url} did not answer with JSON") from None
-        try:
-            return [choice["message"]["content"] or "" for choice in reply["choices"]]
-        except (KeyError, TypeError):
-            raise PolicyError(f"cuda_agent: {self.url} answered without choices[].message.content: "
-                              f"{json.dumps(reply)[:300]}") from None
