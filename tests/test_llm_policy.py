@@ -165,3 +165,13 @@ def test_llm_options_are_checked_before_any_work():
                        environ={})
     assert settings.public()["llm_api_key"] == "<set>"
     assert make_policy(settings).name == "llm:m"
+
+
+@pytest.mark.parametrize("server", [[(200, completion("test-coder", [WRONG])), (200, completion("test-coder", [WRONG]))]],
+                         indirect=True)
+def test_a_new_search_of_the_same_task_starts_afresh(server):
+    policy = _policy(server, samples=1)
+    assert len(policy.propose(TASK, [])) == 1
+    again = policy.propose(TASK, [])  # no feedback: another search, which has not seen WRONG yet
+    assert len(again) == 1 and again[0].params == {"round": 1, "sample": 0}
+    assert "previous answers" not in server.requests[1]["body"]["messages"][1]["content"]

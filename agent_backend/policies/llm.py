@@ -83,8 +83,10 @@ class LLMPolicy:
         return None  # a model may try any task
 
     def propose(self, task: Task, feedback: list) -> list[Candidate]:
-        earlier = self._proposed.setdefault(task.hash, [])
-        round_number = self._rounds[task.hash] = self._rounds.get(task.hash, 0) + 1
+        if not feedback:  # a new search of this task: earlier answers belong to another one
+            self._proposed[task.hash], self._rounds[task.hash] = [], 0
+        earlier = self._proposed[task.hash]
+        round_number = self._rounds[task.hash] = self._rounds[task.hash] + 1
         answers = self.chat.complete(self._messages(task, list(zip(earlier, feedback))), self.samples)
         candidates, seen = [], {c.source for c in earlier}
         for i, answer in enumerate(answers):
