@@ -171,7 +171,8 @@ class Dispatcher:
         winner = runtime.registered(key)
         if winner is None:
             try:
-                winner = runtime.load_winner(key, entry.source, task.outputs, entry.origin, task.outputs[0].device)
+                winner = runtime.load_winner(runtime.Winner(key, entry.source, task.outputs, entry.origin),
+                                             task.outputs[0].device)
             except Exception as e:  # a cached winner that no longer loads must not break compile
                 log.warning("cuda_agent: cached kernel %s failed to load (%s); using Inductor", key[:12], e)
                 return Decision(task, None, f"cached kernel failed to load: {type(e).__name__}")

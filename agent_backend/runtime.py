@@ -85,12 +85,10 @@ def _load_from_sources(key: str, device: torch.device) -> Winner | None:
         if winner is None:
             continue
         try:
-            winner.forward_on(device)
+            return load_winner(winner, device)
         except Exception as e:  # a cached winner that no longer loads: the program takes over
             log.warning("cuda_agent: cached kernel %s failed to load (%s)", key[:12], e)
             return None
-        register(winner)
-        return winner
     return None
 
 
@@ -106,12 +104,14 @@ def _reference(key: str, program: str) -> Callable[..., object]:
     return forward
 
 
-def load_winner(key: str, source: str, outputs: tuple[TensorSpec, ...], origin: str, device_type: str) -> Winner:
-    """Load a verified candidate on the current device now (so a load failure shows at compile
-    time, where Inductor can take over) and register it; other devices load on first use."""
-    winner = Winner(key=key, source=source, outputs=outputs, origin=origin)
-    current = torch.device("cuda", torch.cuda.current_device()) if device_type == "cuda" else torch.device(device_type)
-    winner.forward_on(current)
+def load_winner(winner: Winner, device: torch.device | str) -> Winner:
+    """Load a verified winner on `device` now (at compile time a load failure shows where
+    Inductor can still take over) and register it; other devices load on first use. A bare
+    "cuda" means the current CUDA device."""
+    device = torch.device(device)
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    winner.forward_on(device)
     register(winner)
     return winner
 
@@ -131,12 +131,14 @@ def run_winner(key: str, program: str, inputs: list[torch.Tensor]) -> list[torch
     if winner is None and key not in _references:  # a winner found missing once stays missing
         winner = _load_from_sources(key, device)
     if winner is None:
-        result = _reference(key, program)(*inputs)
-        return [result] if isinstance(result, torch.Tensor) else list(result)
+        return _as_list(_reference(key, program)(*inputs))
     winner.calls += 1
-    result = winner.forward_on(device)(*inputs)
-    outs = [result] if isinstance(result, torch.Tensor) else list(result)
+    outs = _as_list(winner.forward_on(device)(*inputs))
     return [_conform(o, s) for o, s in zip(outs, winner.outputs)]
+
+
+def _as_list(result) -> list[torch.Tensor]:
+    return [result] if isinstance(result, torch.Tensor) else list(result)
 
 
 @run_winner.register_fake

@@ -8,6 +8,7 @@ import time
 
 from kernel_cache import Entry, make_provenance
 
+from .env.results import counted_ms
 from .specs import Task
 
 log = logging.getLogger("cuda_agent.search")
@@ -15,11 +16,6 @@ log = logging.getLogger("cuda_agent.search")
 
 def _median_ms(ev, who: str) -> float:
     return ev.profile[f"{who}_ms"]["median"]
-
-
-def _counted_ms(ev) -> float:
-    """What a candidate costs per call in a model: its GPU time, or its launch where that is longer."""
-    return max(ev.profile["ours_ms"]["median"], ev.profile["ours_ms"]["host_median"])
 
 
 def _phase_totals(evaluations) -> dict[str, float]:
@@ -50,7 +46,8 @@ def search_task(task: Task, env, policy, *, budget_s: float, max_candidates: int
             log.info("  %s: %s%s", cand.origin, ev.status,
                      f" {_median_ms(ev, 'ours'):.4f} ms, {ev.profile['speedup_vs_inductor'] or 0:.2f}x Inductor"
                      if ev.status == "passed" and ev.profile else f" ({ev.reason})")
-            if ev.status == "passed" and ev.profile and (best is None or _counted_ms(ev) < _counted_ms(best[1])):
+            if ev.status == "passed" and ev.profile and (
+                    best is None or counted_ms(ev.profile["ours_ms"]) < counted_ms(best[1].profile["ours_ms"])):
                 best = (cand, ev)
         feedback.extend(results)
     provenance = make_provenance(policy.name, policy_revision=policy.revision)

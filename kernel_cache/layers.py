@@ -184,11 +184,14 @@ class KernelCache:
         local = self.local.store
         if not local.writable:
             return None
+        token = local.content_token()
         # A local cache with no token yet gets one: an "absent" file could be deleted and come
         # back with other entries under the same token.
-        if local.content_token() in (None, "absent") and not local.start_generations():
-            return None
-        tokens = [(layer.name, layer.store.content_token()) for layer in self.layers]
+        if token in (None, "absent"):
+            if not local.start_generations():
+                return None
+            token = local.content_token()
+        tokens = [(self.local.name, token)] + [(layer.name, layer.store.content_token()) for layer in self.layers[1:]]
         if any(token is None for _, token in tokens):
             return None
         return " ".join(f"{name}={token}" for name, token in tokens)

@@ -32,7 +32,7 @@ from typing import Any, Callable, NamedTuple
 import torch
 
 from agent_backend.env.guards import REAL, StateWatch
-from agent_backend.env.results import Failure
+from agent_backend.env.results import Failure, counted_ms
 from agent_backend.env.verify import InputDraw, Verifier
 
 TARGET_TIMED_S = 0.3
@@ -154,7 +154,7 @@ def counted_speedup(ours: dict, inductor: dict | None) -> float | None:
     keeps the GPU waiting in a real model, so its GPU time alone would promise a false speedup."""
     if inductor is None:
         return None
-    return inductor["median"] / max(ours["median"], ours["host_median"], 1e-9)
+    return inductor["median"] / max(counted_ms(ours), 1e-9)
 
 
 def profile_candidate(verifier: Verifier, contenders: dict[str, Callable[..., Any]],

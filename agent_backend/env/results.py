@@ -59,6 +59,12 @@ class Evaluation:
         return cls(**d)
 
 
+def counted_ms(stats: dict) -> float:
+    """What a call costs in a model, from a profile's timing stats: its GPU time, or its host
+    time where that is longer (a launch-bound kernel keeps the GPU waiting)."""
+    return max(stats["median"], stats["host_median"])
+
+
 # The user's numerics: what the reference, Inductor and the candidate all run under. The
 # default is strict fp32: no TF32 in cuBLAS or cuDNN, matmul precision "highest", and no
 # reduced-precision reductions inside fp16/bf16 GEMMs.

@@ -8,6 +8,7 @@ block defining ModelNew is a candidate. The search loop decides how many rounds 
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import re
 from pathlib import Path
@@ -73,7 +74,7 @@ class LLMPolicy:
     def name(self) -> str:
         return f"llm:{self.model}"
 
-    @property
+    @functools.cached_property
     def revision(self) -> str:
         """The model and every word it is shown: a change to any re-opens cached losers."""
         text = "\0".join([self.model, self.skill, _TASK_PROMPT, _FEEDBACK_PROMPT, _ANSWER_PROMPT])
