@@ -9,6 +9,8 @@ from pathlib import Path
 import torch
 from torch._inductor.compile_fx import compile_fx
 
+from skills import rewrites
+
 from .graph_pass import Decision, GraphReport, SubgraphPass
 from .options import resolve
 
@@ -42,7 +44,7 @@ def trace_tasks(model, inputs, *, backward: bool = True, min_ops: int = 2) -> li
 
     def backend(gm, example_inputs):
         record = SubgraphPass(lambda task: Decision(task, None, "recorded only"), min_ops, reports)
-        return compile_fx(gm, example_inputs, config_patches={"post_grad_custom_post_pass": record})
+        return compile_fx(gm, example_inputs, config_patches={"post_grad_custom_pre_pass": record})
 
     run_compiled(model, inputs, backend, backward=backward)
     return reports
@@ -73,7 +75,8 @@ def reports_to_json(reports: list[GraphReport]) -> list[dict]:
         {"graph": r.graph_index,
          "subgraphs": [{"hash": d.task.hash, "kind": d.task.kind, "ops": list(d.task.ops),
                         "inputs": [s.to_json() for s in d.task.inputs],
-                        "outputs": [s.to_json() for s in d.task.outputs]}
+                        "outputs": [s.to_json() for s in d.task.outputs],
+                        "rewrites": dict(rewrites.explain(d.task))}
                        for d in r.decisions if d.task is not None],
          "not_tasks": [d.reason for d in r.decisions if d.task is None]}
         for r in reports
@@ -94,6 +97,8 @@ def format_reports(reports: list[GraphReport]) -> str:
             ins = ", ".join(f"{s.dtype}{list(s.shape)}" for s in t.inputs)
             lines.append(f"  {t.hash[:16]}  {t.kind:<9} {_short_ops(t.ops)}")
             lines.append(f"  {'':16}  inputs: {ins} on {t.inputs[0].device if t.inputs else '-'}")
+            lines.extend(f"  {'':16}  rewrite {name}: {'applies' if why is None else 'no, ' + why}"
+                         for name, why in rewrites.explain(t))
         for d in r.decisions:
             if d.task is None:
                 lines.append(f"  (skipped: {d.reason})")
