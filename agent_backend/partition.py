@@ -1,15 +1,19 @@
 """Split a functional ATen graph into fusable subgraphs.
 
 One pure function, `classify`, says who may claim a node and, if nobody, why not. Groups are
-then grown greedily: an anchor (matmul, conv, reduction) with its pointwise prologue and
-epilogue, reductions over the same rows fused with the pointwise work between them (softmax,
-norms), and chains of the pointwise nodes left over. Every group is checked to be convex (no
-path leaves it and comes back), so replacing it with one call can never make a cycle.
+then grown greedily. First the patterns where a rewrite can remove work claim their nodes whole:
+attention written by hand (batched matmul, scale, mask, softmax, batched matmul) and a matmul
+whose output is summed or averaged. Then an anchor (matmul, conv, reduction) takes its pointwise
+prologue and epilogue, reductions over the same rows fuse with the pointwise work between them
+(softmax, norms), and chains of the pointwise nodes left over form groups. Every group is checked
+to be convex (no path leaves it and comes back), so replacing it with one call can never make a
+cycle.
 """
 from __future__ import annotations
 
 import operator
 from dataclasses import dataclass, field
+from typing import Callable
 
 import torch
 import torch.fx as fx
@@ -32,6 +36,8 @@ VIEW_OPS = {
     aten.squeeze.dims,
 }
 ANCHOR_KINDS = ("matmul", "conv", "reduction", "softmax", "norm")
+# Reductions a matmul's output may flow into, for a rewrite to fold into a matrix-vector product.
+LINEAR_REDUCTION_OPS = {aten.sum.dim_IntList, aten.sum.default, aten.mean.dim, aten.mean.default}
 # Groups larger than this become tasks too big for any template or model answer.
 MAX_GROUP_NODES = 48
 
@@ -55,6 +61,10 @@ def _arg_nodes(node: fx.Node) -> list[fx.Node]:
     return [a for a in node.all_input_nodes]
 
 
+def _is_float_or_bool(val) -> bool:
+    return isinstance(val, torch.Tensor) and dtype_name(val.dtype) in TASK_DTYPES
+
+
 def classify(node: fx.Node) -> Claim:
     """Who may claim `node`, and if nobody, why not. Pure: reads the node and its inputs only."""
     if node.op != "call_function":
@@ -70,6 +80,9 @@ def classify(node: fx.Node) -> Claim:
     tags = set(target.tags)
     if torch.Tag.nondeterministic_seeded in tags:
         return Claim(None, f"{name} is random")
+    if target is aten.full.default and list(node.args[0]) == [] and _is_float_or_bool(node.meta.get("val")):
+        # A scalar constant (masked_fill's -inf, say): written into the task, never a random input.
+        return Claim("constant")
     if any(isinstance(a, torch.device) for a in list(node.args) + list(node.kwargs.values())):
         return Claim(None, f"{name} takes a device argument")
     outs = _tensor_vals(node.meta.get("val"))
@@ -147,66 +160,161 @@ def _reduced_rows(node: fx.Node) -> tuple | None:
     return shape, dims
 
 
-def partition(graph: fx.Graph) -> list[Group]:
-    """Fusable groups of `graph`, in graph order. Nodes nobody claims stay with Inductor."""
-    g = _Graph(graph)
-    claims = {n: classify(n) for n in graph.nodes}
-    owner: dict[fx.Node, Group] = {}
-    groups: list[Group] = []
+def _is_trivial_reduction(node: fx.Node) -> bool:
+    """A reduction over dims of size 1 only: pointwise work in disguise, fusable anywhere."""
+    rows = _reduced_rows(node)
+    if rows is None or rows[1] is None:
+        return False
+    shape, dims = rows
+    return bool(dims) and all(shape[d] == 1 for d in dims)
 
-    def try_add(group: Group, members: set, node: fx.Node) -> bool:
-        if node in owner or node in members or len(members) >= MAX_GROUP_NODES:
+
+def _reduces_last_dim(node: fx.Node) -> bool:
+    rows = _reduced_rows(node)
+    return rows is not None and rows[1] == (len(rows[0]) - 1,)
+
+
+class _Partitioner:
+    """The state of one partition(): claims, owners, groups, and how a group grows."""
+
+    def __init__(self, graph: fx.Graph):
+        self.graph = graph
+        self.g = _Graph(graph)
+        self.claims = {n: classify(n) for n in graph.nodes}
+        self.owner: dict[fx.Node, Group] = {}
+        self.groups: list[Group] = []
+
+    def kind(self, node: fx.Node) -> str | None:
+        return self.claims[node].kind
+
+    def try_add(self, members: set, node: fx.Node) -> bool:
+        if node in self.owner or node in members or len(members) >= MAX_GROUP_NODES:
             return False
-        if not g.is_convex(members | {node}):
+        if not self.g.is_convex(members | {node}):
             return False
         members.add(node)
         return True
 
-    for node in graph.nodes:
-        kind = claims[node].kind
-        if kind not in ANCHOR_KINDS or node in owner:
-            continue
-        group, members = Group(kind=kind), {node}
-        rows = _reduced_rows(node) if kind == "reduction" else None
+    def grow(self, members: set, fusable: Callable[[fx.Node], bool]) -> None:
+        """Epilogue (consumers `fusable` accepts), then prologue (pointwise, view and constant
+        producers used only inside the group)."""
         grown = True
-        while grown:  # epilogue: consumers that are pointwise, getitems, or same-row reductions
+        while grown:
             grown = False
-            for m in sorted(members, key=g.pos.get):
+            for m in sorted(members, key=self.g.pos.get):
                 for u in m.users:
-                    ck = claims[u].kind
-                    fusable = ck in ("pointwise", "getitem") or (
-                        ck == "reduction" and rows is not None and _reduced_rows(u) == rows)
-                    if fusable and try_add(group, members, u):
+                    if fusable(u) and self.try_add(members, u):
                         grown = True
         grown = True
-        while grown:  # prologue: pointwise/view producers used only inside the group
+        while grown:
             grown = False
-            for m in sorted(members, key=g.pos.get):
+            for m in sorted(members, key=self.g.pos.get):
                 for p in m.all_input_nodes:
-                    if claims[p].kind in ("pointwise", "view") and all(u in members for u in p.users):
-                        if try_add(group, members, p):
+                    if self.kind(p) in ("pointwise", "view", "constant") and all(u in members for u in p.users):
+                        if self.try_add(members, p):
                             grown = True
-        group.nodes = sorted(members, key=g.pos.get)
-        for n in group.nodes:
-            owner[n] = group
-        groups.append(group)
 
-    for node in graph.nodes:  # pointwise chains among what is left
-        if claims[node].kind != "pointwise" or node in owner:
-            continue
-        group, members = Group(kind="pointwise"), {node}
-        frontier = [node]
+    def pointwise_epilogue(self, node: fx.Node) -> bool:
+        return self.kind(node) in ("pointwise", "getitem") or (
+            self.kind(node) == "reduction" and _is_trivial_reduction(node))
+
+    def add_group(self, kind: str, members: set) -> None:
+        group = Group(nodes=sorted(members, key=self.g.pos.get), kind=kind)
+        for n in group.nodes:
+            self.owner[n] = group
+        self.groups.append(group)
+
+    def forward_region(self, start: fx.Node, passable: Callable[[fx.Node], bool], end: Callable[[fx.Node], bool]):
+        """The nodes reached from `start` through `passable` consumers, and the one consumer that
+        `end` accepts where the region closes; None unless every path closes at that one node and
+        nothing in between is used outside the region."""
+        region, ends, frontier = {start}, set(), [start]
+        while frontier:
+            for u in frontier.pop().users:
+                if u in region or u in ends:
+                    continue
+                if end(u):
+                    ends.add(u)
+                elif passable(u) and len(region) < MAX_GROUP_NODES and u not in self.owner:
+                    region.add(u)
+                    frontier.append(u)
+                else:
+                    return None
+        if len(ends) != 1:
+            return None
+        return region, ends.pop()
+
+    def attention(self, bmm: fx.Node) -> None:
+        """bmm -> scale, mask, softmax over the last dim -> bmm, claimed whole (kind "attention")."""
+        found = self.forward_region(
+            bmm,
+            passable=lambda n: self.kind(n) in ("pointwise", "view", "getitem") or (
+                self.kind(n) == "reduction" and _reduces_last_dim(n)),
+            end=lambda n: n.target is aten.bmm.default and n not in self.owner)
+        if found is None:
+            return
+        region, second = found
+        reductions = {n.target for n in region if self.kind(n) == "reduction"}
+        if aten.amax.default not in reductions or aten.sum.dim_IntList not in reductions:
+            return  # no softmax between the two products
+        if second.args[0] not in region or second.args[1] in region:
+            return
+        members = region | {second}
+        if not self.g.is_convex(members):
+            return
+        self.grow(members, lambda n: self.kind(n) == "view")
+        self.add_group("attention", members)
+
+    def matmul_reduction(self, mm: fx.Node) -> None:
+        """A matmul whose output flows through views and pointwise ops into a sum or mean,
+        claimed with what follows (kind "matmul"), for the rewrite to a matrix-vector product."""
+        found = self.forward_region(
+            mm,
+            passable=lambda n: self.kind(n) in ("pointwise", "view"),
+            end=lambda n: n.target in LINEAR_REDUCTION_OPS and not _is_trivial_reduction(n))
+        if found is None:
+            return
+        members = found[0] | {found[1]}
+        if not self.g.is_convex(members):
+            return
+        self.grow(members, self.pointwise_epilogue)
+        self.add_group("matmul", members)
+
+    def anchor(self, node: fx.Node, kind: str) -> None:
+        rows = _reduced_rows(node) if kind == "reduction" else None
+        members = {node}
+        self.grow(members, lambda u: self.pointwise_epilogue(u) or (
+            self.kind(u) == "reduction" and rows is not None and _reduced_rows(u) == rows))
+        self.add_group(kind, members)
+
+    def pointwise_chain(self, node: fx.Node) -> None:
+        members, frontier = {node}, [node]
         while frontier:
             n = frontier.pop()
             for nb in list(n.users) + n.all_input_nodes:
-                if claims[nb].kind == "pointwise" and try_add(group, members, nb):
+                if self.kind(nb) == "pointwise" and self.try_add(members, nb):
                     frontier.append(nb)
-        group.nodes = sorted(members, key=g.pos.get)
-        for n in group.nodes:
-            owner[n] = group
-        groups.append(group)
+        self.add_group("pointwise", members)
 
-    return sorted(groups, key=lambda gr: g.pos[gr.nodes[0]])
+    def run(self) -> list[Group]:
+        for node in self.graph.nodes:
+            if node not in self.owner and node.target is aten.bmm.default and self.kind(node) == "matmul":
+                self.attention(node)
+        for node in self.graph.nodes:
+            if node not in self.owner and self.kind(node) == "matmul":
+                self.matmul_reduction(node)
+        for node in self.graph.nodes:
+            if node not in self.owner and self.kind(node) in ANCHOR_KINDS:
+                self.anchor(node, self.kind(node))
+        for node in self.graph.nodes:  # pointwise chains among what is left
+            if node not in self.owner and self.kind(node) == "pointwise":
+                self.pointwise_chain(node)
+        return sorted(self.groups, key=lambda gr: self.g.pos[gr.nodes[0]])
+
+
+def partition(graph: fx.Graph) -> list[Group]:
+    """Fusable groups of `graph`, in graph order. Nodes nobody claims stay with Inductor."""
+    return _Partitioner(graph).run()
 
 
 def unclaimed(graph: fx.Graph) -> dict[str, str]:

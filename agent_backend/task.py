@@ -15,7 +15,7 @@ import operator
 import torch
 import torch.fx as fx
 
-from .partition import Group
+from .partition import Group, classify
 from .specs import Task, TensorSpec
 
 PROGRAM_HEADER = '''import torch
@@ -83,16 +83,28 @@ def _op_path(target) -> str:
     return f"torch.ops.{ns}.{target._opname}.{target._overloadname}"
 
 
+def is_constant(node: fx.Node) -> bool:
+    """A scalar constant (partition's "constant" kind): written into every task that uses it."""
+    return classify(node).kind == "constant"
+
+
 def boundary(group: Group) -> tuple[list[fx.Node], list[fx.Node]]:
-    """Inputs in order of first use; outputs (members used outside) in graph order."""
+    """Inputs in order of first use (constants are not inputs); outputs (members used outside)
+    in graph order."""
     members = set(group.nodes)
     inputs: list[fx.Node] = []
     for n in group.nodes:
         for a in n.all_input_nodes:
-            if a not in members and a not in inputs:
+            if a not in members and a not in inputs and not is_constant(a):
                 inputs.append(a)
     outputs = [n for n in group.nodes if any(u not in members for u in n.users)]
     return inputs, outputs
+
+
+def _constants(group: Group) -> list[fx.Node]:
+    members = set(group.nodes)
+    found = {a for n in group.nodes for a in n.all_input_nodes if a not in members and is_constant(a)}
+    return [n for n in group.nodes[0].graph.nodes if n in found]
 
 
 def _spec(node: fx.Node) -> TensorSpec:
@@ -102,8 +114,12 @@ def _spec(node: fx.Node) -> TensorSpec:
     return TensorSpec.of(val)
 
 
-def _forward_body(group: Group, inputs: list[fx.Node], outputs: list[fx.Node]) -> tuple[str, list[str]]:
-    names = {n: f"in{i}" for i, n in enumerate(inputs)}
+def write_body(nodes: list[fx.Node], inputs: list[fx.Node], outputs: list[fx.Node], input_names: list[str],
+               device: str) -> tuple[str, list[str]]:
+    """Python lines computing `outputs` from `inputs` (named `input_names`) through `nodes` (in
+    order), each an ATen call on canonical names v0..; `device` is the expression written for a
+    device argument. Also returns the ops called, in order."""
+    names = dict(zip(inputs, input_names))
     lines, ops = [], []
 
     def arg(a):
@@ -111,9 +127,11 @@ def _forward_body(group: Group, inputs: list[fx.Node], outputs: list[fx.Node]) -
             return names[a]
         if isinstance(a, (list, tuple)) and any(isinstance(x, fx.Node) for x in a):
             return "[" + ", ".join(arg(x) for x in a) + "]"
+        if isinstance(a, torch.device):
+            return device
         return _literal(a)
 
-    for i, n in enumerate(group.nodes):
+    for i, n in enumerate(nodes):
         names[n] = f"v{i}"
         if n.target is operator.getitem:
             lines.append(f"v{i} = {arg(n.args[0])}[{_literal(n.args[1])}]")
@@ -126,7 +144,7 @@ def _forward_body(group: Group, inputs: list[fx.Node], outputs: list[fx.Node]) -
     return "\n".join(lines), ops
 
 
-def _subgraph_module(group: Group, inputs: list[fx.Node], outputs: list[fx.Node]) -> fx.GraphModule:
+def _subgraph_module(nodes: list[fx.Node], inputs: list[fx.Node], outputs: list[fx.Node]) -> fx.GraphModule:
     """The group as its own GraphModule: placeholders in0.., output a tuple (meta kept)."""
     sub = fx.Graph()
     env: dict[fx.Node, fx.Node] = {}
@@ -134,7 +152,7 @@ def _subgraph_module(group: Group, inputs: list[fx.Node], outputs: list[fx.Node]
         p = sub.placeholder(f"in{i}")
         p.meta = dict(n.meta)
         env[n] = p
-    for n in group.nodes:
+    for n in nodes:
         env[n] = sub.node_copy(n, lambda a: env[a])
     sub.output(tuple(env[o] for o in outputs))
     return fx.GraphModule(torch.nn.Module(), sub)
@@ -153,7 +171,8 @@ def extract_task(group: Group) -> Task:
     devices = {s.device for s in in_specs + out_specs}
     if len(devices) != 1:
         raise UnsupportedGroup(f"the group spans devices {sorted(devices)}")
-    body, ops = _forward_body(group, inputs, outputs)
+    nodes = _constants(group) + group.nodes
+    body, ops = write_body(nodes, inputs, outputs, [f"in{i}" for i in range(len(inputs))], "torch.device(_DEVICE)")
     signature = ", ".join(["self"] + [f"in{i}" for i in range(len(inputs))])
     specs = "[\n" + "".join(
         f"    ({s.shape!r}, {s.stride!r}, torch.{s.dtype}),\n" for s in in_specs) + "]"
@@ -171,7 +190,7 @@ def extract_task(group: Group) -> Task:
         outputs=out_specs,
         ops=tuple(ops),
         kind=group.kind,
-        graph_module=_subgraph_module(group, inputs, outputs),
+        graph_module=_subgraph_module(nodes, inputs, outputs),
     )
 
 
