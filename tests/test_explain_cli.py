@@ -21,6 +21,7 @@ def test_explain_json_lists_tasks_of_forward_graph():
     for t in tasks:
         assert len(t["hash"]) == 32 and t["ops"] and t["inputs"]
         assert all({"shape", "stride", "dtype", "device"} <= set(i) for i in t["inputs"])
+        assert set(t["rewrites"]) == {"attention", "gemm_reduce", "trivial_reductions"}
     assert any(t["kind"] == "pointwise" for t in tasks)
     assert any("aten.tanh.default" in t["ops"] for t in tasks)
 
@@ -36,3 +37,15 @@ def test_explain_text_and_bad_target(tmp_path):
     assert "float32[4, 4]" in out.stdout
     bad = _explain(f"{factory}:nope")
     assert bad.returncode != 0 and "has no callable 'nope'" in bad.stderr
+
+
+def test_explain_says_which_rewrites_apply_and_why_the_others_do_not(tmp_path):
+    factory = tmp_path / "g.py"
+    factory.write_text("import torch\n"
+                       "def make():\n"
+                       "    lin = torch.nn.Linear(32, 64)\n"
+                       "    return (lambda x: lin(x).mean(-1)), (torch.randn(8, 32),)\n")
+    out = _explain(f"{factory}:make")
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "matmul" in out.stdout and "rewrite gemm_reduce: applies" in out.stdout
+    assert "rewrite attention: no, no batched matmul" in out.stdout

@@ -1,7 +1,8 @@
-"""The built-in policy: the template library in skills/, no model needed.
+"""The built-in policy: the skill library in skills/, no model needed.
 
-Templates enumerate their own launch configurations, so one round of proposals is the whole
-search; feedback from the environment ends it.
+Each family (rewrites that remove work, then kernel templates) says whether it applies to a task
+and proposes its candidates; they all compete in one round, as templates enumerate their own
+launch configurations, so feedback from the environment ends the search.
 """
 from __future__ import annotations
 
@@ -18,23 +19,31 @@ def _skills_revision() -> str:
     return source_revision(Path(skills.__file__).parent)
 
 
+def _families() -> list:
+    """(name, module with supports(task) and propose(task)) for every family of the library."""
+    from skills import pointwise, rewrites
+    return [("rewrites", rewrites), ("pointwise", pointwise)]
+
+
 class BuiltinPolicy:
     name = "builtin"
 
     @property
     def revision(self) -> str:
-        """The templates' source: any change to them re-opens the search of cached losers."""
+        """The library's source: any change to it re-opens the search of cached losers."""
         return _skills_revision()
 
     def why_not(self, task: Task) -> str | None:
-        """None if a template applies to `task`, else the reason none does."""
-        if task.kind != "pointwise":
-            return f"no built-in template for {task.kind} subgraphs yet"
-        from skills.pointwise import supports
-        return supports(task)
+        """None if some family applies to `task`, else the reasons none does."""
+        reasons = []
+        for name, family in _families():
+            why = family.supports(task)
+            if why is None:
+                return None
+            reasons.append(f"{name}: {why}")
+        return "; ".join(reasons)
 
     def propose(self, task: Task, feedback: list) -> list[Candidate]:
-        if feedback or self.why_not(task) is not None:
+        if feedback:
             return []
-        from skills.pointwise import propose
-        return propose(task)
+        return [c for _, family in _families() if family.supports(task) is None for c in family.propose(task)]

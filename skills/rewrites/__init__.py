@@ -1,0 +1,55 @@
+"""Built-in rewrites: candidates that compute what a task computes with less work (a GEMM whose
+output is summed becomes a GEMV, hand-written attention one fused call, ...), written as ordinary
+ModelNew programs in ATen ops, so they are compiled, verified and timed like any candidate and
+trusted no more. See README.md beside this file."""
+from __future__ import annotations
+
+from agent_backend.specs import Candidate, Task
+
+from . import attention, gemm_reduce, trivial_reductions
+from .graph import candidate_source, copy_graph
+
+# In the order they are tried: a later rule sees what an earlier one left.
+RULES = (attention.RULE, gemm_reduce.RULE, trivial_reductions.RULE)
+
+
+def explain(task: Task) -> list[tuple[str, str | None]]:
+    """(rule, None if it applies to `task` on its own, else why not), for every rule."""
+    if task.graph_module is None:
+        return [(rule.name, "the task has no graph (read from a cache)") for rule in RULES]
+    return [(rule.name, rule.apply(copy_graph(task.graph_module))) for rule in RULES]
+
+
+def supports(task: Task) -> str | None:
+    """None if some rule applies to `task`, else why none does."""
+    reasons = explain(task)
+    if any(why is None for _, why in reasons):
+        return None
+    return "no rewrite applies (" + "; ".join(f"{name}: {why}" for name, why in reasons) + ")"
+
+
+def propose(task: Task) -> list[Candidate]:
+    """Every applicable rule in turn on one graph; and where several apply, each alone too."""
+    if task.graph_module is None:
+        return []
+    graph, applied = copy_graph(task.graph_module), []
+    for rule in RULES:
+        if rule.apply(graph) is None:
+            applied.append(rule.name)
+    if not applied:
+        return []
+    candidates = [_candidate(candidate_source(graph, applied), applied)]
+    if len(applied) > 1:
+        for rule in RULES:
+            if rule.name in applied:
+                alone = copy_graph(task.graph_module)
+                rule.apply(alone)
+                candidates.append(_candidate(candidate_source(alone, [rule.name]), [rule.name]))
+    return candidates
+
+
+def _candidate(source: str, rules: list[str]) -> Candidate:
+    return Candidate(source, "builtin:rewrite:" + "+".join(rules), {"rules": list(rules)})
+
+
+__all__ = ["RULES", "explain", "supports", "propose"]

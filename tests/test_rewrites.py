@@ -1,0 +1,179 @@
+"""Rewrite rules on the CPU: each fires on the structure it is for, computes what the task's own
+program computes, and says why it does not fire on look-alikes (a non-linear op between a GEMM
+and its sum, a sum over the wrong dim, a mask that is not filled with -inf)."""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch._inductor.decomposition import select_decomp_table
+from torch.fx.experimental.proxy_tensor import make_fx
+
+from agent_backend import explain
+from agent_backend.partition import partition
+from agent_backend.task import extract_task, load_program
+from skills import rewrites
+
+
+def tasks_of(fn, *inputs):
+    """The tasks the backend would make of `fn`, traced to ATen as Inductor decomposes it."""
+    gm = make_fx(fn, decomposition_table=select_decomp_table(), tracing_mode="fake")(*inputs)
+    gm.graph.eliminate_dead_code()
+    return [extract_task(g) for g in partition(gm.graph) if g.op_count() >= 2]
+
+
+def only_task(fn, *inputs):
+    (task,) = tasks_of(fn, *inputs)
+    return task
+
+
+def why_not(task, rule: str) -> str | None:
+    return dict(rewrites.explain(task))[rule]
+
+
+def assert_same_function(task, candidate, tol=1e-4):
+    """The candidate computes the task's outputs on fresh inputs, as fresh tensors."""
+    program = load_program(task.program)
+    namespace: dict = {}
+    exec(candidate.source, namespace)
+    model, new = program["Model"](), namespace["ModelNew"]()
+    for _ in range(2):
+        inputs = program["get_inputs"]()
+        expected, got = model(*inputs), new(*inputs)
+        expected = expected if isinstance(expected, tuple) else (expected,)
+        got = got if isinstance(got, tuple) else (got,)
+        for e, g in zip(expected, got):
+            assert g.dtype == e.dtype and g.shape == e.shape
+            assert all(g.untyped_storage().data_ptr() != i.untyped_storage().data_ptr() for i in inputs)
+            torch.testing.assert_close(g, e, atol=tol * max(1.0, float(e.float().abs().max())), rtol=tol)
+
+
+def _linear_sum(x, w, b):
+    return (F.linear(x, w, b) * 2.0).sum(dim=-1, keepdim=True)
+
+
+@pytest.mark.parametrize("fn, shapes", [
+    (_linear_sum, [(3, 5, 32), (64, 32), (64,)]),
+    (lambda x, w: (x @ w).mean(dim=1), [(16, 32), (32, 48)]),
+    (lambda x, w: torch.bmm(x, w).sum(-1) / 4.0, [(2, 8, 16), (2, 16, 24)]),
+], ids=["linear-scale-sum", "mm-mean", "bmm-sum-div"])
+def test_gemm_reduce_becomes_a_gemv_with_the_same_result(fn, shapes):
+    task = only_task(fn, *[torch.randn(s) for s in shapes])
+    assert task.kind == "matmul" and why_not(task, "gemm_reduce") is None
+    (candidate,) = rewrites.propose(task)
+    assert candidate.origin == "builtin:rewrite:gemm_reduce"
+    assert "aten.sum.dim_IntList(in" in candidate.source  # the weight is summed first...
+    assert candidate.source.count("aten.mm.default") + candidate.source.count("aten.bmm.default") == 1
+    assert_same_function(task, candidate)
+
+
+def test_gemm_reduce_in_bf16_sums_in_fp32_and_rounds_once():
+    task = only_task(lambda x, w: (x @ w).sum(-1), torch.randn(16, 32, dtype=torch.bfloat16),
+                     torch.randn(32, 48, dtype=torch.bfloat16))
+    (candidate,) = rewrites.propose(task)
+    assert "dtype=torch.float32" in candidate.source and "torch.bfloat16" in candidate.source
+    assert_same_function(task, candidate, tol=2e-2)
+
+
+@pytest.mark.parametrize("fn, reason", [
+    (lambda x, w: torch.relu(x @ w).sum(-1), "not linear"),
+    (lambda x, w: (x @ w).sum(0), "does not reduce over the product's last dim"),
+    (lambda x, w: (x @ w).amax(-1), "no matrix product"),
+], ids=["relu-between", "sum-over-rows", "max-is-not-linear"])
+def test_gemm_reduce_does_not_fire_on_look_alikes(fn, reason):
+    for task in tasks_of(fn, torch.randn(16, 32), torch.randn(32, 48)):
+        why = why_not(task, "gemm_reduce")
+        assert why is not None and reason in why, why
+        assert all(c.origin != "builtin:rewrite:gemm_reduce" for c in rewrites.propose(task))
+
+
+def _causal_attention(q, k, v, bias):
+    att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(k.size(-1)))
+    att = att.masked_fill(bias == 0, float("-inf"))
+    return torch.softmax(att, dim=-1) @ v
+
+
+def _plain_attention(q, k, v):
+    return torch.softmax(q @ k.transpose(-2, -1) / 8.0, dim=-1) @ v
+
+
+def _additive_mask_attention(q, k, v, mask):
+    return torch.softmax(q @ k.transpose(-2, -1) + mask, dim=-1) @ v
+
+
+QKV = [(2, 4, 16, 8)] * 3
+
+
+def test_causal_attention_from_inductors_own_graph_becomes_one_fused_call():
+    """Through the real compile: there masked_fill's -inf is a constant written into the task."""
+    class Causal(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.register_buffer("bias", torch.tril(torch.ones(16, 16)).view(1, 1, 16, 16))
+
+        def forward(self, q, k, v):
+            return _causal_attention(q, k, v, self.bias)
+
+    with torch.no_grad():
+        (task,) = explain.tasks_of(explain.trace_tasks(Causal(), [torch.randn(s) for s in QKV], backward=False))
+    assert task.kind == "attention" and why_not(task, "attention") is None
+    assert "aten.full.default([], float(\"-inf\")" in task.program
+    (candidate,) = rewrites.propose(task)
+    assert "scaled_dot_product_attention" in candidate.source and "logical_not" in candidate.source
+    assert_same_function(task, candidate)
+
+
+@pytest.mark.parametrize("fn, extra", [
+    (_plain_attention, []),
+    (_additive_mask_attention, [torch.randn(1, 1, 16, 16)]),
+], ids=["no-mask", "additive-mask"])
+def test_attention_becomes_one_fused_call(fn, extra):
+    task = only_task(fn, *[torch.randn(s) for s in QKV], *extra)
+    assert task.kind == "attention" and why_not(task, "attention") is None
+    (candidate,) = rewrites.propose(task)
+    assert "scaled_dot_product_attention" in candidate.source and "bmm" not in candidate.source
+    assert_same_function(task, candidate)
+
+
+def test_attention_with_a_mask_not_filled_with_minus_inf_is_left_alone():
+    def zero_fill(q, k, v, bias):
+        att = (q @ k.transpose(-2, -1)).masked_fill(bias == 0, 0.0)
+        return torch.softmax(att, dim=-1) @ v
+    task = only_task(zero_fill, *[torch.randn(s) for s in QKV], torch.ones(1, 1, 16, 16))
+    assert "no softmax" in why_not(task, "attention")
+    assert rewrites.propose(task) == []
+
+
+def test_attention_whose_weights_are_also_returned_is_left_alone():
+    def weights_too(q, k, v):
+        p = torch.softmax(q @ k.transpose(-2, -1), dim=-1)
+        return p @ v, p
+    for task in tasks_of(weights_too, *[torch.randn(s) for s in QKV]):
+        assert all("scaled_dot_product_attention" not in c.source for c in rewrites.propose(task))
+
+
+def test_reductions_over_size_one_dims_fold_and_compose_with_gemm_reduce():
+    def gemm_sum_max(x, w):  # the max and logsumexp reduce a dim that the sum left at size 1
+        s = (x @ w).sum(dim=1, keepdim=True)
+        return torch.logsumexp(s.amax(dim=1, keepdim=True), dim=1, keepdim=True)
+    task = only_task(gemm_sum_max, torch.randn(16, 32), torch.randn(32, 48))
+    assert why_not(task, "gemm_reduce") is None and why_not(task, "trivial_reductions") is None
+    candidates = rewrites.propose(task)
+    assert [c.origin for c in candidates] == ["builtin:rewrite:gemm_reduce+trivial_reductions",
+                                              "builtin:rewrite:gemm_reduce", "builtin:rewrite:trivial_reductions"]
+    assert "amax" not in candidates[0].source
+    for candidate in candidates:
+        assert_same_function(task, candidate)
+
+
+def test_a_sum_over_a_dim_of_size_two_is_not_trivial():
+    task = only_task(lambda x: (x * 2.0).sum(1) + 1.0, torch.randn(8, 2))
+    assert "no reduction over size-1 dims only" in why_not(task, "trivial_reductions")
+
+
+def test_an_output_equal_to_an_input_after_folding_is_cloned():
+    task = only_task(lambda x: (x.sum(1, keepdim=True) * 1.0).amax(1), torch.randn(8, 1))
+    (candidate,) = rewrites.propose(task)
+    assert_same_function(task, candidate)
