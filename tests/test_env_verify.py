@@ -25,6 +25,8 @@ def test_correct_candidate_passes_and_its_torch_ops_are_recorded(env):
     assert ev.verification["torch_ops"] == ["aten.add.Tensor", "aten.relu.default"]
     assert ev.verification["max_abs_err"] == 0.0
     assert ev.verification["atol"] == ev.verification["rtol"] == 1e-4
+    # Computed as the reference computes it: exactly as accurate, measured against float64.
+    assert 0 < ev.verification["float64_err"] == ev.verification["float64_ref_err"] < 1e-6
     assert ev.profile is None and not ev.worker_restarted and ev.compile_s is not None
 
 
@@ -57,6 +59,8 @@ REFUSED = {
      """, "incorrect", "got nan"),
     "constant output": ("return torch.zeros(32, 64)", "incorrect", "elements differ"),
     "wrong values": ("return torch.relu(a + b) * 1.001", "incorrect", "output 0: "),
+    # Within the elementwise tolerance (1e-4), but far less accurate than fp32 arithmetic.
+    "less accurate": ("return torch.relu(a + b) * (1 + 3e-5)", "incorrect", "less accurate than the reference"),
     "wrong shape": ("return torch.relu(a + b).t()", "incorrect", "has shape (64, 32), expected (32, 64)"),
     "wrong dtype": ("return torch.relu(a + b).double()", "incorrect", "dtype torch.float64"),
     "wrong output count": ("return torch.relu(a + b), a", "incorrect", "returned 2 outputs, expected 1"),

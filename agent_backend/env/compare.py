@@ -36,10 +36,18 @@ def _fmt(x: float) -> str:
     return f"{x:.6g}"
 
 
+def _scale(expected: torch.Tensor) -> float:
+    finite = expected[torch.isfinite(expected)]
+    return max(1.0, float(finite.square().mean().sqrt())) if finite.numel() else 1.0
+
+
 def compare_values(index: int, got: torch.Tensor, expected: torch.Tensor, tol: float) -> ValueCheck:
-    """Elementwise |got - expected| <= tol + tol * |expected|. A non-finite value where the
-    reference is finite never passes; where the reference is non-finite, the same value (NaN,
-    +Inf or -Inf) is required. Shapes and dtypes must already agree."""
+    """Elementwise |got - expected| <= tol * scale + tol * |expected|, where scale is the
+    root-mean-square of the reference's finite values, at least 1: an output whose values are
+    in the thousands (a long sum) has rounding errors in proportion, also where one element
+    happens to be near 0. A non-finite value where the reference is finite never passes; where
+    the reference is non-finite, the same value (NaN, +Inf or -Inf) is required. Shapes and
+    dtypes must already agree."""
     numel = expected.numel()
     if expected.dtype == torch.bool:
         bad = got != expected
@@ -49,7 +57,8 @@ def compare_values(index: int, got: torch.Tensor, expected: torch.Tensor, tol: f
         a, b = got.to(torch.float64), expected.to(torch.float64)
         err = (a - b).abs()
         both_finite = torch.isfinite(a) & torch.isfinite(b)
-        within = both_finite & (err <= tol + tol * b.abs())
+        scale = _scale(b)
+        within = both_finite & (err <= tol * scale + tol * b.abs())
         same_non_finite = ~torch.isfinite(b) & ((torch.isnan(a) & torch.isnan(b)) | (a == b))
         bad = ~(within | same_non_finite)
         finite_err = torch.where(both_finite, err, torch.zeros_like(err))
@@ -70,7 +79,7 @@ def compare_values(index: int, got: torch.Tensor, expected: torch.Tensor, tol: f
     problem = (f"output {index}: {n_bad} of {numel} elements differ{worst} at index {where}: "
                f"got {got_s}, expected {exp_s}")
     if expected.dtype != torch.bool:
-        problem += f" (atol = rtol = {tol:g})"
+        problem += f" (rtol = {tol:g}, atol = {tol:g} x {scale:.3g}, the reference's scale)"
     return ValueCheck(problem, max_abs, max_rel)
 
 

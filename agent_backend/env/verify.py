@@ -9,7 +9,10 @@ candidate BEFORE the reference, and checks, in this order:
   3. the inputs are bitwise unchanged,
   4. no output shares memory with an input, with an output of an earlier call, or with
      another output where the reference's outputs do not,
-  5. device, shape and dtype; then values within tolerance, with NaN/Inf never passing.
+  5. device, shape and dtype; then values within tolerance, with NaN/Inf never passing;
+  6. accuracy: against the task evaluated in float64, the candidate's relative error is at most
+     twice the reference's own (float64.py), so a rewrite that rounds differently passes and a
+     lossy one (bf16 arithmetic for an fp32 task) does not.
 Every new tensor the candidate allocates through torch is filled with NaN (guards.
 PoisonedAllocations), so an element it forgets to write fails in step 5.
 
@@ -32,6 +35,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from agent_backend.env.candidate_loader import describe_exception
+from agent_backend.env import float64
 from agent_backend.env.compare import (bitwise_equal, compare_values, differing_elements, layout_problem,
                                        overlapping_pairs, share_memory, stride_note, tolerance)
 from agent_backend.env.guards import REAL, GlobalSwitches, PatchFingerprint, PoisonedAllocations, StateWatch
@@ -224,6 +228,9 @@ class Verifier:
         self.max_rel_err = 0.0
         self.torch_ops: list[str] = []
         self.stride_notes: list[str] = []
+        self.float64_err = 0.0  # the candidate's worst relative error against float64
+        self.float64_ref_err = 0.0  # the reference's, on the same inputs
+        self.float64_note: str | None = None  # why there is no float64 evaluation
         # Every trial's tensors and every output returned so far stay alive, so their memory is
         # never handed out again: pointers repeat only where a trial reuses inputs on purpose,
         # and a candidate returning the same buffer twice is seen doing so.
@@ -249,7 +256,11 @@ class Verifier:
             "rtol": max(self.tolerances, default=0.0),
             "torch_ops": self.torch_ops,
             "stride_notes": self.stride_notes,
+            "float64_err": self.float64_err,
+            "float64_ref_err": self.float64_ref_err,
         }
+        if self.float64_note:
+            details["float64_note"] = self.float64_note
         if self.runner.checks_stream_order:
             details["stream_checked_trials"] = self.stream_checked_trials
         return details
@@ -333,8 +344,26 @@ class Verifier:
         earlier = self._history[:]
         self._history.append(_Trial(inputs, call.copies, expected))
         if first_problem is None:
-            return None
+            problem = self._accuracy_problem(call.copies, expected, sources)
+            return Failure("incorrect", problem + where) if problem else None
         return self._explain(first_problem + where, call, sources, expected, earlier)
+
+    def _accuracy_problem(self, copies: list[torch.Tensor], expected: list[torch.Tensor],
+                          sources: list[torch.Tensor]) -> str | None:
+        if self.float64_note:
+            return None
+        try:
+            exact = float64.evaluate(self.reference, sources)
+        except Exception as exc:  # an op with no float64 kernel here: the check cannot run
+            self.float64_note = f"no float64 evaluation of the task: {describe_exception(exc)}"
+            return None
+        for i, (copy, exp, ex) in enumerate(zip(copies, expected, exact)):
+            err, ref_err = float64.relative_error(copy, ex), float64.relative_error(exp, ex)
+            self.float64_err, self.float64_ref_err = max(self.float64_err, err), max(self.float64_ref_err, ref_err)
+            problem = float64.accuracy_problem(i, err, ref_err, exp.dtype)
+            if problem:
+                return problem
+        return None
 
     def _explain(self, problem: str, call: CallResult, sources: list[torch.Tensor], expected: list[torch.Tensor],
                  earlier: list[_Trial]) -> Failure:
