@@ -12,7 +12,8 @@ from contextlib import contextmanager
 import pytest
 
 from agent_backend.env import Environment, Evaluation, Timeouts
-from test_env_cases import CACHES_ONCE_TIMED, GOOD_ADD_RELU, add_relu_task, make_candidate, module_environment
+from test_env_cases import (CACHES_ONCE_TIMED, GOOD_ADD_RELU, add_relu_task, contiguous, make_candidate, make_task,
+                            module_environment)
 
 TASK = add_relu_task()
 SHORT_S = 3.0
@@ -95,7 +96,7 @@ def test_profile_on_cpu_returns_numbers(env):
     assert profile["min_speedup"] == 1.05
     assert not profile["wins"]  # host times include torch.compile's wrappers: never a basis for a win
     assert ev.verification["trials"] == 7  # the check after timing is one more trial
-    assert set(ev.phase_s) == {"load", "verify", "profile"} | ({"prepare"} if "prepare" in ev.phase_s else set())
+    assert set(ev.phase_s) == {"prepare", "load", "verify", "profile"}
     assert all(seconds > 0 for seconds in ev.phase_s.values())
     assert Evaluation.from_json(ev.to_json()) == ev
 
@@ -113,3 +114,29 @@ def test_evaluate_many_spreads_over_workers_and_keeps_order():
         processes = [h.process for h in env._handles]
     assert [ev.status for ev in evaluations] == ["passed", "crash", "rejected"]
     assert all(p.poll() is not None for p in processes)  # closed: no worker left behind
+
+
+def test_a_failure_of_the_verifier_itself_is_a_verdict_not_a_crash_of_the_caller(env):
+    """Regression: the worker's own failure comes back without verification evidence, which
+    made the caller raise KeyError: 'verification' and left the task unjudged."""
+    spec = contiguous((4, 4), "float32", "cpu")
+    broken = make_task("reference_raises", "raise RuntimeError('the reference cannot run')", [spec, spec], [spec],
+                       "pointwise", ("aten.add.Tensor",))
+    ev = env.evaluate(broken, make_candidate("return a + b"), profile=False)
+    assert ev.status == "runtime_error" and "the verifier failed" in ev.reason
+    assert "the reference cannot run" in ev.reason and ev.verification == {}
+
+
+def test_a_task_whose_reference_the_worker_dropped_is_still_timed_against_inductor(env):
+    """Regression: the caller remembered which tasks a worker had compiled with Inductor, but the
+    worker keeps only its last few; a task it had dropped was profiled with "Inductor's reference
+    was not compiled in this worker" and left unjudged (24 tasks of a BERT training step)."""
+    assert "note" not in env.evaluate(TASK, GOOD_ADD_RELU, profile=True).profile
+    spec = contiguous((8, 8), "float32", "cpu")
+    for i in range(9):  # more tasks than a worker keeps, loaded without timing: no Inductor compile
+        other = make_task(f"other_{i}", "return aten.relu.default(aten.add.Tensor(in0, in1))", [spec, spec], [spec],
+                          "pointwise", ("aten.add.Tensor", "aten.relu.default"))
+        assert env.evaluate(other, GOOD_ADD_RELU, profile=False).status == "passed"
+    again = env.evaluate(TASK, GOOD_ADD_RELU, profile=True)
+    assert again.status == "passed" and "note" not in again.profile, again.profile.get("note")
+    assert again.profile["inductor_ms"]["median"] > 0

@@ -96,7 +96,6 @@ class WorkerHandle:
         self.process: subprocess.Popen | None = None
         self.conn = None
         self.ready = False
-        self.prepared: set[str] = set()  # task hashes whose Inductor reference this worker compiled
 
     def start(self) -> None:
         parent_conn, child_conn = Pipe(duplex=True)
@@ -110,7 +109,6 @@ class WorkerHandle:
         child_conn.close()
         self.conn = parent_conn
         self.ready = False
-        self.prepared = set()
 
     @staticmethod
     def _environment() -> dict:
@@ -275,14 +273,14 @@ class _Evaluation:
     def run(self, profile: bool) -> Evaluation:
         timeouts, task_json = self.env.timeouts, self.task.to_json()
         inductor_note = None
-        if profile and self.task.hash not in self.handle.prepared:
+        # Asked every time (a no-op in a worker that has it): the worker keeps the references of
+        # its last few tasks only, so a set kept here went stale and left tasks untimed.
+        if profile:
             reply = self._call({"op": "prepare", "task": task_json, "precision": self.env.precision},
                                timeouts.compile_s, "Inductor's compile of the task")
             if reply.failure:
                 inductor_note = f"Inductor's reference is missing: {reply.failure.reason}"
-            elif reply.data["ok"]:
-                self.handle.prepared.add(self.task.hash)
-            else:
+            elif not reply.data["ok"]:
                 inductor_note = reply.data["error"]
 
         reply = self._call({"op": "load", "task": task_json, "candidate": self.candidate.to_json(),
@@ -297,7 +295,8 @@ class _Evaluation:
         reply = self._call({"op": "verify", "keep": profile}, timeouts.verify_s, "verify")
         if reply.failure:
             return self._verdict(reply.failure.status, reply.failure.reason, compile_s=compile_s)
-        verification = reply.data["verification"]
+        # A failure of the verifier itself (the worker's own error) comes back with no evidence.
+        verification = reply.data.get("verification", {})
         if reply.data["status"] != "passed" or not profile:
             return self._verdict(reply.data["status"], reply.data["reason"], compile_s=compile_s,
                                  verification=verification)
@@ -308,4 +307,5 @@ class _Evaluation:
             return self._verdict(reply.failure.status, reply.failure.reason, compile_s=compile_s,
                                  verification=verification)
         return self._verdict(reply.data["status"], reply.data["reason"], compile_s=compile_s,
-                             verification=reply.data["verification"], profile=reply.data.get("profile"))
+                             verification=reply.data.get("verification", verification),
+                             profile=reply.data.get("profile"))
