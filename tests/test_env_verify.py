@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from test_env_cases import GOOD_ADD_RELU, add_relu_task, make_candidate, module_environment, sum_diff_task
+from agent_backend.specs import TensorSpec
+from test_env_cases import (GOOD_ADD_RELU, add_relu_task, contiguous, make_candidate, make_task, module_environment,
+                            sum_diff_task)
 
 TASK = add_relu_task()
 TWO_OUTPUTS = sum_diff_task()
@@ -208,3 +210,14 @@ def test_compile_errors_come_back_short(env, case):
     assert len(ev.reason) < 1000 and ev.verification == {}
     if case == "compiler error":
         assert ev.reason == reason  # the compiler's text alone, no traceback
+
+
+def test_an_input_expanded_over_a_dim_is_verified(env):
+    """Regression: an input with a stride-0 dim (as backward graphs pass them) could not be
+    written element by element, and every candidate failed with "more than one element of the
+    written-to tensor refers to a single memory location"."""
+    row, full = TensorSpec((32, 64), (0, 1), "float32", "cpu"), contiguous((32, 64), "float32", "cpu")
+    task = make_task("expanded_input", "return aten.relu.default(aten.add.Tensor(in0, in1))", [row, full], [full],
+                     "pointwise", ("aten.add.Tensor", "aten.relu.default"))
+    ev = evaluate(env, GOOD_ADD_RELU, task)
+    assert ev.status == "passed", ev.reason

@@ -119,6 +119,17 @@ def blank_like(source: torch.Tensor) -> torch.Tensor:
     return base.as_strided(source.shape, source.stride())
 
 
+def write_input(dst: torch.Tensor, src: torch.Tensor) -> torch.Tensor:
+    """Write `src`'s values into `dst`, a tensor of the same layout. Through the storage both views
+    span: an input expanded over a dim (stride 0, as in backward graphs) cannot be written
+    element by element ("more than one element of the written-to tensor refers to a single
+    memory location")."""
+    n = TensorSpec.of(src).storage_elements()
+    flat = (n,), (1,)
+    dst.as_strided(*flat, dst.storage_offset()).copy_(src.as_strided(*flat, src.storage_offset()))
+    return dst
+
+
 def cuda_usable(device: torch.device) -> bool:
     """False once the CUDA context is broken (an illegal address, a device-side assert)."""
     try:
@@ -154,7 +165,7 @@ class CpuRunner:
 
     def call(self, forward: Callable[[], Any], inputs: list, sources: list, n_outputs: int) -> CallResult:
         for inp, src in zip(inputs, sources):
-            inp.copy_(src)
+            write_input(inp, src)
         return CallResult(*_copy_outputs(forward(), n_outputs), stream_checked=False)
 
 
@@ -190,7 +201,7 @@ class CudaRunner:
         with torch.cuda.stream(self.stream):
             REAL.cuda_sleep(int(self.sleep_ms * self.cycles_per_ms))
             for inp, src in zip(inputs, sources):
-                inp.copy_(src)
+                write_input(inp, src)
             written = REAL.cuda_event_type()
             REAL.event_record(written, self.stream)
             start = REAL.perf_counter_ns()
@@ -381,7 +392,7 @@ class Verifier:
         return Failure("incorrect", problem)
 
     def _right_on_default_stream(self, sources: list[torch.Tensor], expected: list[torch.Tensor]) -> bool:
-        inputs = [blank_like(s).copy_(s) for s in sources]
+        inputs = [write_input(blank_like(s), s) for s in sources]
         REAL.cuda_synchronize()
         try:
             with torch.no_grad(), PoisonedAllocations():
