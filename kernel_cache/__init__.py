@@ -6,9 +6,13 @@
 
 docs/CACHE.md describes the store, the key, the layers and the trust model.
 """
+# Where KernelCache.open() looks by default, named here for the tools that read the cache; it
+# lives below this package because the environment's build artifacts share the directory.
+from cuda_agent_core.paths import default_cache_dir
+
 from .entry import ENTRY_FORMAT_VERSION, Entry, EntryFormatError, make_provenance
 from .keys import KEY_FORMAT_VERSION, CacheKey, make_key
-from .layers import KernelCache, Lookup, default_cache_dir
+from .layers import KernelCache, Lookup
 
 __all__ = [
     "CacheKey", "Entry", "EntryFormatError", "KernelCache", "Lookup", "make_key", "make_provenance",

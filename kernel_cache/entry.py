@@ -36,6 +36,8 @@ class Entry:
     - verification: `passed` (bool), `trials` (input sets checked), `max_error` (float);
     - provenance: see `make_provenance`;
     - binaries: compiled code per architecture, e.g. {"sm_90": <cubin bytes>};
+    - launch: the candidate's parameters; a launch-spec winner's spec under "spec", naming its
+      CUBINs in binaries ("sm_90:<sha16>"; agent_backend/env/launch_spec.py);
     - task: `Task.to_json()` of the task searched, so the result can be re-verified anywhere.
     """
 

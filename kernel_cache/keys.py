@@ -5,22 +5,22 @@ one GPU or one precision reused where it was never checked); a part too many giv
 across a team (a host name or a path in the key would make every machine miss). docs/CACHE.md
 says why each part is here.
 
-torch is imported only inside `make_key`, so reading a cache (the CLI, a bundle merge) does not
-pay for importing it.
+The machine's parts (GPU, software) come from cuda_agent_core.identity, below this package: the
+cache depends on nothing of the environment. torch is imported only inside `make_key`, so
+reading a cache (the CLI, a bundle merge) does not pay for importing it.
 """
 from __future__ import annotations
 
 import functools
 import hashlib
 import json
-import platform
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any, Protocol, Sequence
+
+from cuda_agent_core import identity
 
 if TYPE_CHECKING:
     import torch
-
-    from agent_backend.specs import TensorSpec
 
 # Bump when the meaning or layout of a key changes: every older entry then simply misses.
 KEY_FORMAT_VERSION = 1
@@ -84,58 +84,39 @@ class CacheKey:
         return key_digest(self.to_json())
 
 
-def input_signature(spec: "TensorSpec") -> str:
+class InputSpec(Protocol):
+    """What a key reads of an input (agent_backend.specs.TensorSpec is one)."""
+
+    shape: Sequence[int]
+    stride: Sequence[int]
+    dtype: str  # "float32"
+    device: str  # device type: "cuda" or "cpu"
+
+
+def input_signature(spec: InputSpec) -> str:
     """`float32[4,8]/[8,1]@cuda`: dtype, shape, strides and device type of one input."""
     shape = ",".join(str(n) for n in spec.shape)
     stride = ",".join(str(n) for n in spec.stride)
     return f"{spec.dtype}[{shape}]/[{stride}]@{spec.device}"
 
 
-def make_key(task_hash: str, inputs: Sequence["TensorSpec"], device: "str | torch.device",
+def make_key(task_hash: str, inputs: Sequence[InputSpec], device: "str | torch.device",
              precision: dict) -> CacheKey:
     """The key for `task_hash` on `inputs`, run on `device` under `precision` (the backend's
     dict of precision switches), with the GPU and software identity filled in from this process."""
     import torch
 
     device = torch.device(device)
-    gpu, capability, sm_count = device_identity(device.type, device.index)
+    gpu = identity.device_identity(device.type, device.index)
+    software = identity.software_identity()
     return CacheKey(
         task_hash=task_hash,
         inputs=tuple(input_signature(s) for s in inputs),
-        gpu=gpu,
-        capability=capability,
-        sm_count=sm_count,
-        torch=torch.__version__,
-        cuda=torch.version.cuda or "none",
-        compiler=compiler_version(),
+        gpu=gpu.name,
+        capability=gpu.capability,
+        sm_count=gpu.sm_count,
+        torch=software.torch,
+        cuda=software.cuda,
+        compiler=software.compiler,
         precision=canonical_json(precision),
     )
-
-
-def device_identity(device_type: str, index: int | None) -> tuple[str, str, int]:
-    """(name, compute capability, SM count) of a device. The SM count tells apart parts that
-    share a name and capability but not a speed, such as MIG slices of one GPU model."""
-    if device_type != "cuda":
-        return f"{device_type}:{platform.machine()}", "", 0
-    return _cuda_identity(index)
-
-
-@functools.lru_cache(maxsize=None)
-def _cuda_identity(index: int | None) -> tuple[str, str, int]:
-    import torch
-
-    index = torch.cuda.current_device() if index is None else index
-    major, minor = torch.cuda.get_device_capability(index)
-    props = torch.cuda.get_device_properties(index)
-    return torch.cuda.get_device_name(index), f"{major}.{minor}", props.multi_processor_count
-
-
-@functools.lru_cache(maxsize=1)
-def compiler_version() -> str:
-    """The CUDA compiler kernels are built with here, as the fast path finds it (NVRTC, else
-    nvcc: agent_backend.env.nvrtc), or "unknown" where there is none. Looked up once per process."""
-    try:
-        from agent_backend.env.nvrtc import get_compiler
-        return get_compiler().version
-    except Exception:  # no compiler, or its discovery failed: a key must still be computable
-        return "unknown"

@@ -17,6 +17,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Iterable, Iterator, Sequence
 
+from cuda_agent_core.paths import default_cache_dir
+
 from .entry import Entry, EntryFormatError
 from .keys import CacheKey, key_digest
 from .store import Store, Unreadable
@@ -24,7 +26,6 @@ from .trust import Signature, check_signature, resolve_trust_key, sign
 
 log = logging.getLogger("cuda_agent.cache")
 
-CACHE_DIR_ENV = "CUDA_AGENT_CACHE_DIR"
 TEAM_CACHE_ENV = "CUDA_AGENT_TEAM_CACHE"
 LOCAL_FILE = "cache.sqlite"
 IMPORTED_FILE = "imported.sqlite"
@@ -32,14 +33,6 @@ IMPORTED_FILE = "imported.sqlite"
 # costs a compile only this once (the store then stops using the file).
 DEFAULT_LOCK_TIMEOUT = 10.0
 _TOUCH_BATCH = 64
-
-
-def default_cache_dir() -> Path:
-    """CUDA_AGENT_CACHE_DIR, else $XDG_CACHE_HOME/cuda_agent, else ~/.cache/cuda_agent."""
-    if os.environ.get(CACHE_DIR_ENV):
-        return Path(os.environ[CACHE_DIR_ENV]).expanduser()
-    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(base).expanduser() / "cuda_agent"
 
 
 def team_paths(team: str | os.PathLike | Sequence[str | os.PathLike] | None) -> list[Path]:
@@ -195,6 +188,11 @@ class KernelCache:
         if any(token is None for _, token in tokens):
             return None
         return " ".join(f"{name}={token}" for name, token in tokens)
+
+    def retire_content_token(self) -> bool:
+        """Move the content token on without changing an entry, so that whatever was keyed
+        under the current token (a graph in Inductor's cache) is never looked up again."""
+        return self.local.store.start_generations()  # each call counts one generation
 
     def put(self, key: CacheKey, entry: Entry) -> bool:
         """Store a verified result in the local cache, signed when a trust key is set. Fills in

@@ -164,7 +164,8 @@ class Store:
         return self._read(read, None)
 
     def start_generations(self) -> bool:
-        """Create the file (or its generation count) with no entries, so it has a content token."""
+        """Create the file (or its generation count) with no entries, so it has a content token;
+        on a file that has one, count one more generation (KernelCache.retire_content_token)."""
         return self._write(self._count_generation)
 
     def file_bytes(self) -> int:

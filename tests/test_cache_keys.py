@@ -1,17 +1,22 @@
 """Keys differ when anything that decides validity differs, and match across processes and
 machines when nothing relevant does."""
 import platform
+from types import SimpleNamespace
 
 import pytest
 import torch
-from cache_helpers import PRECISION, finish, make_test_key, run_helper
+from cache_helpers import PRECISION, finish, make_test_entry, make_test_key, run_helper
 
 from agent_backend.specs import TensorSpec
-from kernel_cache import CacheKey, make_key
-from kernel_cache import keys as keys_module
+from cuda_agent_core import identity
+from kernel_cache import CacheKey, KernelCache, make_key
 from kernel_cache.keys import canonical_json
 
 INPUTS = [TensorSpec((8, 16), (16, 1), "float16", "cpu"), TensorSpec((16,), (1,), "float16", "cpu")]
+# The digest of make_test_key("pinned"), computed before machine identity moved out of
+# agent_backend.env into cuda_agent_core; it must never change.
+KNOWN_DIGEST = "cd21103ef840fd4bee682ada462e4fe015b794ae1f73afb5a33ebe641a4d2eee"
+KNOWN_INPUTS = [TensorSpec((64, 64), (64, 1), "float32", "cuda"), TensorSpec((64,), (1,), "float32", "cuda")]
 
 
 def test_digest_of_fixed_parts_is_pinned():
@@ -24,7 +29,38 @@ def test_digest_of_fixed_parts_is_pinned():
         '"inputs":["float32[64,64]/[64,1]@cuda","float32[64]/[1]@cuda"],"precision":{"allow_reduced_precision":'
         'false,"allow_tf32":false,"matmul_precision":"highest"},"software":{"compiler":"nvrtc 12.8","cuda":"12.8",'
         '"torch":"2.11.0+cu128"},"task_hash":"task-pinned"}')
-    assert key.digest == "cd21103ef840fd4bee682ada462e4fe015b794ae1f73afb5a33ebe641a4d2eee"
+    assert key.digest == KNOWN_DIGEST
+
+
+@pytest.fixture
+def known_machine(monkeypatch):
+    """This process seen as an H100 with torch 2.11.0+cu128 and NVRTC 12.8."""
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda i: "NVIDIA H100 80GB HBM3")
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda i: (9, 0))
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i: SimpleNamespace(multi_processor_count=132))
+    monkeypatch.setattr(torch, "__version__", "2.11.0+cu128")
+    monkeypatch.setattr(torch.version, "cuda", "12.8")
+    monkeypatch.setattr(identity, "compiler_version", lambda: "nvrtc 12.8")
+    identity._cuda_identity.cache_clear()
+    yield
+    identity._cuda_identity.cache_clear()
+
+
+def test_make_key_on_a_known_machine_is_pinned(known_machine):
+    # The identity parts make_key fills in from this process, end to end: where they are looked
+    # up may move, the key they give must not.
+    key = make_key("task-pinned", KNOWN_INPUTS, "cuda", PRECISION)
+    assert key == make_test_key("pinned")
+    assert key.digest == KNOWN_DIGEST
+
+
+def test_a_known_entry_is_stored_under_its_pinned_digest(known_machine, cache_dir):
+    key = make_key("task-pinned", KNOWN_INPUTS, torch.device("cuda", 0), PRECISION)
+    with KernelCache.open() as cache:
+        assert cache.put(key, make_test_entry(key))
+        assert cache.local.store.digests() == [KNOWN_DIGEST]
+        assert cache.get(make_test_key("pinned")).entry.key == key.to_json()
 
 
 def test_same_key_in_another_process_with_another_environment(tmp_path):
@@ -63,16 +99,16 @@ def test_every_part_changes_the_digest(change, monkeypatch):
     elif change == "reduced_precision":
         precision["allow_reduced_precision"] = True
     elif change in ("gpu_name", "capability", "sm_count"):
-        name, capability, sm_count = keys_module.device_identity("cpu", None)
-        changed = {"gpu_name": ("other", capability, sm_count), "capability": (name, "9.0", sm_count),
-                   "sm_count": (name, capability, 7)}[change]
-        monkeypatch.setattr(keys_module, "device_identity", lambda *_: changed)
+        here = identity.device_identity("cpu", None)
+        changed = {"gpu_name": here._replace(name="other"), "capability": here._replace(capability="9.0"),
+                   "sm_count": here._replace(sm_count=7)}[change]
+        monkeypatch.setattr(identity, "device_identity", lambda *_: changed)
     elif change == "torch_version":
         monkeypatch.setattr(torch, "__version__", "2.99.0")
     elif change == "cuda_version":
         monkeypatch.setattr(torch.version, "cuda", "13.0")
     elif change == "compiler":
-        monkeypatch.setattr(keys_module, "compiler_version", lambda: "nvrtc 99.0")
+        monkeypatch.setattr(identity, "compiler_version", lambda: "nvrtc 99.0")
     assert make_key(task, inputs, "cpu", precision).digest != base.digest
 
 
@@ -81,12 +117,12 @@ def test_cuda_device_identity_comes_from_torch(monkeypatch):
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda i: f"NVIDIA H200 #{i}")
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda i: (9, 0))
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i: type("P", (), {"multi_processor_count": 132}))
-    keys_module._cuda_identity.cache_clear()
+    identity._cuda_identity.cache_clear()
     try:
         on_1 = make_key("t", INPUTS, torch.device("cuda", 1), PRECISION)
         on_default = make_key("t", INPUTS, "cuda", PRECISION)
     finally:
-        keys_module._cuda_identity.cache_clear()
+        identity._cuda_identity.cache_clear()
     assert (on_1.gpu, on_1.capability, on_1.sm_count) == ("NVIDIA H200 #1", "9.0", 132)
     assert on_default.gpu == "NVIDIA H200 #0"
 
@@ -96,7 +132,7 @@ def test_cpu_identity_and_software_are_filled_in():
     assert (key.gpu, key.capability, key.sm_count) == (f"cpu:{platform.machine()}", "", 0)
     assert key.torch == torch.__version__
     assert key.cuda == (torch.version.cuda or "none")
-    assert key.compiler == keys_module.compiler_version() and key.compiler
+    assert key.compiler == identity.compiler_version() and key.compiler
 
 
 def test_key_json_round_trip_keeps_the_digest():

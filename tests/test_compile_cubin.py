@@ -1,8 +1,11 @@
 """CUDA source -> CUBIN: both compilers (where found; no GPU needed), errors, and the cache."""
+import re
+
 import pytest
 
 from agent_backend.env import nvrtc
 from agent_backend.env.compile_errors import CompileError
+from cuda_agent_core import identity, toolchain
 
 ADD = r"""
 extern "C" __global__ void add(const float* a, const float* b, float* out, int n) {
@@ -24,10 +27,10 @@ def fresh_memory_cache(monkeypatch):
     monkeypatch.setattr(nvrtc, "_memory_cache", {})
 
 
-available = [name for name, find in (("nvrtc", nvrtc.nvrtc_compiler), ("nvcc", nvrtc.nvcc_compiler)) if find()]
+available = [name for name, find in (("nvrtc", toolchain.find_nvrtc), ("nvcc", toolchain.find_nvcc)) if find()]
 compilers = pytest.mark.parametrize(
     "compiler", [pytest.param(name, marks=pytest.mark.skipif(name not in available, reason=f"no {name} here"))
-                 for name in nvrtc.COMPILERS])
+                 for name in toolchain.COMPILERS])
 
 
 @compilers
@@ -121,6 +124,16 @@ def test_bad_arch_names_are_refused(bad):
         nvrtc.normalize_arch(bad)
 
 
+def test_cache_keys_name_the_compiler_that_compiles():
+    expected = nvrtc.get_compiler().version if available else "unknown"
+    assert identity.compiler_version() == expected
+
+
+@pytest.mark.skipif("nvcc" not in available, reason="no nvcc here")
+def test_nvcc_version_is_its_release():
+    assert re.fullmatch(r"nvcc \d+\.\d+\.\d+", toolchain.find_nvcc().version)
+
+
 def test_unknown_compiler_name_is_refused():
     with pytest.raises(ValueError, match="unknown compiler"):
         nvrtc.get_compiler("clang")
@@ -132,6 +145,6 @@ def test_nvrtc_candidates_include_pip_wheel_layouts(tmp_path, monkeypatch):
     (wheel_lib / "libnvrtc.so.13").touch()
     (wheel_lib / "libnvrtc-builtins.so.13.0").touch()
     monkeypatch.syspath_prepend(str(tmp_path))
-    candidates = nvrtc.nvrtc_library_candidates()
+    candidates = toolchain.nvrtc_library_candidates()
     assert str(wheel_lib / "libnvrtc.so.13") in candidates
     assert not any("builtins" in c for c in candidates)

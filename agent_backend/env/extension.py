@@ -23,8 +23,8 @@ import torch
 import torch.utils.cpp_extension as cpp_extension
 from filelock import FileLock
 
-from agent_backend.env.cache_paths import cache_root
 from agent_backend.env.compile_errors import CompileError
+from cuda_agent_core.paths import default_cache_dir
 
 # Arguments that change where or how loudly a build happens, not what it builds.
 _UNKEYED_ARGUMENTS = ("name", "build_directory", "verbose", "keep_intermediates")
@@ -36,8 +36,8 @@ _loaded: dict[str, Any] = {}
 @contextlib.contextmanager
 def keyed_extension_builds(build_root: str | Path | None = None) -> Iterator[Path]:
     """While active, `cpp_extension.load_inline` and `load` build into keyed directories under
-    `build_root` (default: <cache root>/extensions) and raise CompileError on compiler errors."""
-    root = Path(build_root) if build_root is not None else cache_root() / "extensions"
+    `build_root` (default: <cache dir>/extensions) and raise CompileError on compiler errors."""
+    root = Path(build_root) if build_root is not None else default_cache_dir() / "extensions"
     originals = cpp_extension.load_inline, cpp_extension.load
     cpp_extension.load_inline = _keyed(originals[0], root, _inline_sources)
     cpp_extension.load = _keyed(originals[1], root, _file_sources)

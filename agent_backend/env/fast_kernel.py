@@ -46,13 +46,15 @@ class Kernel:
         self._function = launcher.Function(launcher.get_function(module, name), name, codes)
         self._current_stream = torch._C._cuda_getCurrentRawStream  # an int handle, no Stream object
 
-    def launch(self, grid, block, args: Sequence, shared_mem: int = 0) -> None:
+    def launch(self, grid, block, args: Sequence, shared_mem: int = 0, cluster=None) -> None:
         """Launch on torch's current stream of this kernel's device.
 
         grid, block: an int or a tuple of up to 3 ints. args: one per arg type; a "ptr" takes a
         CUDA tensor (its data_ptr()) or an int address. shared_mem: dynamic shared memory in
-        bytes; above 48 KB the kernel's limit is raised for you."""
-        self._function.launch(grid, block, args, shared_mem, self._current_stream(self.device))
+        bytes; above 48 KB the kernel's limit is raised for you. cluster: None, or the shape of
+        a thread-block cluster (an int or up to 3 ints; sm_90+, at most 8 blocks portably), which
+        must divide the grid: its blocks share distributed shared memory."""
+        self._function.launch(grid, block, args, shared_mem, self._current_stream(self.device), cluster)
 
     def __repr__(self) -> str:
         return f"Kernel({self.name!r}, {list(self.arg_types)}, arch={self.arch!r}, device={self.device})"

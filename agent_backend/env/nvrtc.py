@@ -2,36 +2,31 @@
 milliseconds) or `nvcc -cubin` (a third of a second), cached by content in memory and on disk.
 
 A CUBIN holds machine code for exactly one architecture, so no JIT step runs when it loads;
-the architecture and the compiler's version are part of every cache key.
+the architecture and the compiler's version are part of every cache key. Which compiler this
+machine has is found by cuda_agent_core.toolchain (the kernel cache's keys name the same one).
 """
 from __future__ import annotations
 
 import ctypes
-import functools
-import glob
 import hashlib
 import json
-import os
 import re
-import shutil
-import site
 import subprocess
-import sys
 import tempfile
 from pathlib import Path
 from typing import Sequence
 
 import torch
 
-from agent_backend.env.cache_paths import atomic_write_bytes, cache_root
 from agent_backend.env.compile_errors import CompileError
+from cuda_agent_core.paths import atomic_write_bytes, default_cache_dir
+from cuda_agent_core.toolchain import Nvcc, Nvrtc, check_nvrtc, cuda_home, find_compiler
 
 # Both compilers take these spellings. -lineinfo keeps source lines for profilers and sanitizers.
 COMMON_OPTIONS = ("-std=c++17", "-lineinfo")
 # The file name compilers print in errors ("kernel.cu(3): error: ..."), the same for both.
 SOURCE_NAME = "kernel.cu"
 CACHE_FORMAT = 1
-COMPILERS = ("nvrtc", "nvcc")
 _ARCH = re.compile(r"^(?:sm_)?(\d{2,3}[af]?)$")
 
 _memory_cache: dict[str, bytes] = {}
@@ -50,33 +45,14 @@ def current_arch() -> str:
     return f"sm_{major}{minor}"
 
 
-@functools.cache
-def cuda_home() -> Path | None:
-    """The CUDA toolkit: $CUDA_HOME or $CUDA_PATH, else the one holding `nvcc` on PATH, else
-    /usr/local/cuda."""
-    for var in ("CUDA_HOME", "CUDA_PATH"):
-        if os.environ.get(var):
-            return Path(os.environ[var])
-    nvcc = shutil.which("nvcc")
-    candidates = [Path(nvcc).resolve().parent.parent] if nvcc else []
-    # The `nvcc` on PATH may be a wrapper script outside the toolkit: check for its headers.
-    for home in (*candidates, Path("/usr/local/cuda")):
-        if (home / "include" / "cuda.h").is_file():
-            return home
-    return None
-
-
 class NvrtcCompiler:
     """NVRTC through ctypes: no process to start, no files to write."""
 
     _SUCCESS = 0
 
-    def __init__(self, lib: ctypes.CDLL):
-        self._lib = lib
-        lib.nvrtcGetErrorString.restype = ctypes.c_char_p
-        major, minor = ctypes.c_int(), ctypes.c_int()
-        self._check(lib.nvrtcVersion(ctypes.byref(major), ctypes.byref(minor)), "nvrtcVersion")
-        self.version = f"nvrtc {major.value}.{minor.value}"
+    def __init__(self, nvrtc: Nvrtc):
+        self._lib = nvrtc.library
+        self.version = nvrtc.version
 
     def compile(self, source: str, arch: str, options: Sequence[str]) -> bytes:
         lib = self._lib
@@ -108,18 +84,15 @@ class NvrtcCompiler:
         return log.value.decode(errors="replace")
 
     def _check(self, status: int, call: str) -> None:
-        if status != self._SUCCESS:
-            raise RuntimeError(f"{call} failed: {self._lib.nvrtcGetErrorString(status).decode()}")
+        check_nvrtc(self._lib, status, call)
 
 
 class NvccCompiler:
     """`nvcc -cubin` in a private temporary directory."""
 
-    def __init__(self, nvcc: str):
-        self._nvcc = nvcc
-        banner = subprocess.run([nvcc, "--version"], capture_output=True, text=True, check=True).stdout
-        release = re.search(r"V(\d+\.\d+\.\d+)", banner)
-        self.version = f"nvcc {release.group(1) if release else banner.strip().splitlines()[-1]}"
+    def __init__(self, nvcc: Nvcc):
+        self._nvcc = nvcc.path
+        self.version = nvcc.version
 
     def compile(self, source: str, arch: str, options: Sequence[str]) -> bytes:
         compute = arch.replace("sm_", "compute_")
@@ -144,55 +117,10 @@ def _nvrtc_include_options() -> list[str]:
     return [f"-I{d}" for d in (home / "include", home / "include" / "cccl") if d.is_dir()]
 
 
-def nvrtc_library_candidates() -> list[str]:
-    """Where libnvrtc may be, best first: the one torch's CUDA would load by name, the pip wheels'
-    (nvidia/cu13/lib, nvidia/cuda_nvrtc/lib), then the toolkit's."""
-    candidates = []
-    if torch.version.cuda:
-        candidates.append(f"libnvrtc.so.{torch.version.cuda.split('.')[0]}")
-    roots = [*site.getsitepackages(), site.getusersitepackages(), *sys.path]
-    for root in dict.fromkeys(r for r in roots if r):
-        for pattern in ("nvidia/cu*/lib/libnvrtc.so*", "nvidia/cuda_nvrtc/lib/libnvrtc.so*"):
-            candidates += sorted(glob.glob(os.path.join(root, pattern)), reverse=True)
-    home = cuda_home()
-    if home is not None:
-        for lib_dir in ("lib64", "lib"):
-            candidates += sorted(glob.glob(str(home / lib_dir / "libnvrtc.so*")), reverse=True)
-    return list(dict.fromkeys(candidates))
-
-
-@functools.cache
-def nvrtc_compiler() -> NvrtcCompiler | None:
-    for candidate in nvrtc_library_candidates():
-        try:
-            return NvrtcCompiler(ctypes.CDLL(candidate))
-        except (OSError, AttributeError):  # not loadable here, or not an NVRTC library
-            continue
-    return None
-
-
-@functools.cache
-def nvcc_compiler() -> NvccCompiler | None:
-    nvcc = shutil.which("nvcc")
-    home = cuda_home()
-    if nvcc is None and home is not None and (home / "bin" / "nvcc").is_file():
-        nvcc = str(home / "bin" / "nvcc")
-    return NvccCompiler(nvcc) if nvcc else None
-
-
 def get_compiler(name: str = "auto") -> NvrtcCompiler | NvccCompiler:
     """"nvrtc", "nvcc", or "auto": NVRTC where its library is found, else nvcc."""
-    if name not in ("auto", *COMPILERS):
-        raise ValueError(f"unknown compiler {name!r}; use one of {('auto', *COMPILERS)}")
-    compiler = None
-    if name in ("auto", "nvrtc"):
-        compiler = nvrtc_compiler()
-    if compiler is None and name in ("auto", "nvcc"):
-        compiler = nvcc_compiler()
-    if compiler is None:
-        wanted = "libnvrtc or nvcc" if name == "auto" else name
-        raise RuntimeError(f"no CUDA compiler: cannot find {wanted} (set CUDA_HOME, or install nvidia-cuda-nvrtc)")
-    return compiler
+    found = find_compiler(name)
+    return NvrtcCompiler(found) if isinstance(found, Nvrtc) else NvccCompiler(found)
 
 
 def cubin_cache_key(source: str, arch: str, options: Sequence[str], compiler_version: str) -> str:
@@ -203,7 +131,7 @@ def cubin_cache_key(source: str, arch: str, options: Sequence[str], compiler_ver
 def compile_cubin(source: str, *, arch: str | None = None, options: Sequence[str] = (), compiler: str = "auto",
                   cache_dir: Path | None = None) -> bytes:
     """The CUBIN of `source` for `arch` (default: the current GPU's), from memory, else from
-    `cache_dir` (default: <cache root>/cubin), else compiled and stored in both.
+    `cache_dir` (default: <cache dir>/cubin), else compiled and stored in both.
     Raises CompileError with the compiler's trimmed errors."""
     arch = normalize_arch(arch) if arch is not None else current_arch()
     options = tuple(options)
@@ -211,7 +139,7 @@ def compile_cubin(source: str, *, arch: str | None = None, options: Sequence[str
     key = cubin_cache_key(source, arch, options, chosen.version)
     cubin = _memory_cache.get(key)
     if cubin is None:
-        cubin = _load_or_compile(chosen, key, source, arch, options, cache_dir or cache_root() / "cubin")
+        cubin = _load_or_compile(chosen, key, source, arch, options, cache_dir or default_cache_dir() / "cubin")
         _memory_cache[key] = cubin
     return cubin
 
