@@ -60,13 +60,14 @@ class TensorSpec:
 
 
 def random_tensor(spec: TensorSpec, generator: torch.Generator, *, scale: float = 1.0,
-                  offset: float = 0.0) -> torch.Tensor:
+                  offset: float = 0.0, binary: bool = False) -> torch.Tensor:
     """A tensor with `spec`'s shape and strides, drawn by `generator` on the generator's device.
     Drawing there (not on the CPU, then copying) keeps verification of large tasks fast: a
-    candidate is checked on a dozen or more fresh input sets."""
+    candidate is checked on a dozen or more fresh input sets. `binary`: 0s and 1s instead (what
+    masks and counts hold: `mask == 0` is never true of normal draws)."""
     n, device = spec.storage_elements(), generator.device
-    if spec.dtype == "bool":
-        flat = torch.rand(n, generator=generator, device=device) > 0.5
+    if spec.dtype == "bool" or binary:
+        flat = (torch.rand(n, generator=generator, device=device) > 0.5).to(spec.torch_dtype)
     else:
         # fp16/bf16 values are drawn in fp32 and rounded; fp64 is drawn in fp64.
         draw_dtype = torch.float64 if spec.torch_dtype == torch.float64 else torch.float32
@@ -76,7 +77,7 @@ def random_tensor(spec: TensorSpec, generator: torch.Generator, *, scale: float 
 
 
 def random_inputs(specs: tuple[TensorSpec, ...] | list[TensorSpec], seed: int, *, scale: float = 1.0,
-                  offset: float = 0.0, device: str | None = None) -> list[torch.Tensor]:
+                  offset: float = 0.0, binary: bool = False, device: str | None = None) -> list[torch.Tensor]:
     """Inputs for `specs` on `device` (default: each spec's own device). The same seed gives the
     same values on the same kind of device."""
     generators: dict[str, torch.Generator] = {}
@@ -85,7 +86,7 @@ def random_inputs(specs: tuple[TensorSpec, ...] | list[TensorSpec], seed: int, *
         where = device or s.device
         if where not in generators:
             generators[where] = torch.Generator(device=where).manual_seed(seed)
-        tensors.append(random_tensor(s, generators[where], scale=scale, offset=offset))
+        tensors.append(random_tensor(s, generators[where], scale=scale, offset=offset, binary=binary))
     return tensors
 
 
@@ -134,11 +135,19 @@ class Task:
 class Candidate:
     """An answer to a Task: KernelBench-style source defining `class ModelNew` with the same
     forward signature as the Task's Model. `origin` says who wrote it (e.g.
-    "builtin:pointwise:b256v4", "llm:<model>", "test")."""
+    "builtin:pointwise:b256v4", "llm:<model>", "test").
+
+    A chat policy also keeps what the model was asked (`conversation`, chat messages) and all it
+    said (`answer`), for the trajectories; and sets `rejection` on an answer with nothing to run
+    (no code block), which the search then records as rejected without running it. None of these
+    three goes to the workers."""
 
     source: str
     origin: str
     params: dict = field(default_factory=dict, compare=False)
+    conversation: tuple[dict, ...] = field(default=(), compare=False, repr=False)
+    answer: str | None = field(default=None, compare=False, repr=False)
+    rejection: str | None = field(default=None, compare=False)
 
     def to_json(self) -> dict:
         return {"source": self.source, "origin": self.origin, "params": dict(self.params)}

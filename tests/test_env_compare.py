@@ -174,6 +174,17 @@ def test_patch_fingerprint_sees_replaced_functions():
     assert fingerprint.changed() == []
 
 
+def test_patch_fingerprint_sees_a_kernel_registered_for_the_ops_candidates_are_timed_through():
+    fingerprint = PatchFingerprint()
+    library = torch.library.Library("cuda_agent", "IMPL")
+    library.impl("launch", lambda key, program, inputs: list(inputs), "XLA")  # a key nothing here uses
+    try:
+        assert fingerprint.changed() == ["the kernels of cuda_agent::launch"]
+    finally:
+        library._destroy()
+    assert fingerprint.changed() == []
+
+
 def test_torch_op_recorder_leaves_out_allocation_views_and_copies():
     x = torch.randn(4, 4)
     with TorchOpRecorder() as recorder:

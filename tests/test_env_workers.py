@@ -95,7 +95,7 @@ def test_profile_on_cpu_returns_numbers(env):
         profile["inductor_ms"]["median"] / max(profile["ours_ms"]["median"], profile["ours_ms"]["host_median"]))
     assert profile["min_speedup"] == 1.05
     assert not profile["wins"]  # host times include torch.compile's wrappers: never a basis for a win
-    assert ev.verification["trials"] == 7  # the check after timing is one more trial
+    assert ev.verification["trials"] == 8  # the check after timing is one more trial
     assert set(ev.phase_s) == {"prepare", "load", "verify", "profile"}
     assert all(seconds > 0 for seconds in ev.phase_s.values())
     assert Evaluation.from_json(ev.to_json()) == ev
@@ -140,3 +140,24 @@ def test_a_task_whose_reference_the_worker_dropped_is_still_timed_against_induct
     again = env.evaluate(TASK, GOOD_ADD_RELU, profile=True)
     assert again.status == "passed" and "note" not in again.profile, again.profile.get("note")
     assert again.profile["inductor_ms"]["median"] > 0
+
+
+def test_inductors_reference_is_timed_alone(env, tmp_path):
+    """The gate's request: Inductor's reference compiled and timed as candidates are timed
+    against it; on a CPU worker no floors are measured (they are a GPU's), and none are written."""
+    timing = env.time_reference(TASK, floors_path=str(tmp_path / "gpu_floors.json"))
+    assert timing.status == "passed", timing.reason
+    stats = timing.inductor_ms
+    assert stats["trials"] >= 20 and 0 < stats["p10"] <= stats["median"] <= stats["p90"], stats
+    assert timing.floors is None and "CUDA GPUs only" in timing.floors_note
+    assert set(timing.phase_s) == {"prepare", "reference"} and timing.device == "cpu"
+    assert not (tmp_path / "gpu_floors.json").exists()
+
+
+def test_a_reference_inductor_cannot_run_is_a_verdict(env):
+    spec = contiguous((4, 4), "float32", "cpu")
+    broken = make_task("reference_raises_when_timed", "raise RuntimeError('the reference cannot run')", [spec, spec],
+                       [spec], "pointwise", ("aten.add.Tensor",))
+    timing = env.time_reference(broken)
+    assert timing.status == "compile_error" and "the reference cannot run" in timing.reason
+    assert timing.inductor_ms is None

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from multiprocessing import Pipe
 from multiprocessing.connection import wait
 
-from agent_backend.env.results import Evaluation, Failure, Timeouts, precision_settings
+from agent_backend.env.results import Evaluation, Failure, ReferenceTiming, Timeouts, precision_settings
 from agent_backend.specs import Candidate, Task
 
 DEFAULT_MIN_SPEEDUP = 1.05
@@ -96,8 +96,11 @@ class WorkerHandle:
         self.process: subprocess.Popen | None = None
         self.conn = None
         self.ready = False
+        self.closed = False  # set when its environment closes: a request in flight then starts no new worker
 
     def start(self) -> None:
+        if self.closed:
+            raise RuntimeError("the environment is closed")
         parent_conn, child_conn = Pipe(duplex=True)
         fd = child_conn.fileno()
         with open(self.log_path, "ab") as log:
@@ -186,6 +189,7 @@ class WorkerHandle:
 
 def _kill_all(handles: list[WorkerHandle], log_dir: str) -> None:
     for handle in handles:
+        handle.closed = True
         handle.stop()
     shutil.rmtree(log_dir, ignore_errors=True)
 
@@ -245,12 +249,25 @@ class Environment:
         with ThreadPoolExecutor(max_workers=len(self._handles)) as pool:
             return list(pool.map(lambda c: self.evaluate(task, c, profile), candidates))
 
+    def time_reference(self, task: Task, floors_path: str | None = None) -> ReferenceTiming:
+        """Inductor's time for `task` alone on a free worker (its reference stays compiled there
+        for the candidates that follow), with that GPU's floors when `floors_path` names their
+        file (env/floors.py)."""
+        if not self._close.alive:
+            raise RuntimeError("the environment is closed")
+        self._start_all()
+        handle = self._free.get()
+        try:
+            return _Evaluation(self, handle, task, None).run_reference(floors_path)
+        finally:
+            self._free.put(handle)
+
 
 class _Evaluation:
     """The phases of one evaluation on one worker: prepare (Inductor, once per task and
-    worker), load, verify, profile."""
+    worker), load, verify, profile; or, with no candidate, prepare and time the reference."""
 
-    def __init__(self, env: Environment, handle: WorkerHandle, task: Task, candidate: Candidate):
+    def __init__(self, env: Environment, handle: WorkerHandle, task: Task, candidate: Candidate | None):
         self.env, self.handle, self.task, self.candidate = env, handle, task, candidate
         self.restarted = False
         self.phase_s: dict[str, float] = {}
@@ -265,6 +282,26 @@ class _Evaluation:
             self.handle.restart()
             self.restarted = True
         return reply
+
+    def run_reference(self, floors_path: str | None) -> ReferenceTiming:
+        def failed(status: str, reason: str) -> ReferenceTiming:
+            return ReferenceTiming(status, reason, device=self.handle.device, phase_s=dict(self.phase_s))
+        timeouts, task_json = self.env.timeouts, self.task.to_json()
+        reply = self._call({"op": "prepare", "task": task_json, "precision": self.env.precision},
+                           timeouts.compile_s, "Inductor's compile of the task")
+        if reply.failure:
+            return failed(reply.failure.status, reply.failure.reason)
+        if not reply.data["ok"]:
+            return failed("compile_error", reply.data["error"])
+        reply = self._call({"op": "reference", "task": task_json, "precision": self.env.precision,
+                            "floors_path": floors_path}, timeouts.profile_s, "timing Inductor's reference")
+        if reply.failure:
+            return failed(reply.failure.status, reply.failure.reason)
+        if reply.data["status"] != "passed":
+            return failed(reply.data["status"], reply.data["reason"])
+        return ReferenceTiming("passed", inductor_ms=reply.data["inductor_ms"], floors=reply.data.get("floors"),
+                               floors_note=reply.data.get("floors_note", ""), device=self.handle.device,
+                               phase_s=dict(self.phase_s))
 
     def _verdict(self, status: str, reason: str = "", **fields) -> Evaluation:
         return Evaluation(status=status, reason=reason, worker_restarted=self.restarted, device=self.handle.device,

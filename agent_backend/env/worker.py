@@ -9,7 +9,8 @@ can say where a candidate hung or crashed.
 
 Requests ("op"): "prepare" (compile the task's reference with Inductor, once per task),
 "load" (execute the candidate's source, build ModelNew), "verify", "profile". The candidate is
-dropped after the last phase of its evaluation.
+dropped after the last phase of its evaluation. "reference" times Inductor's reference alone,
+as "profile" times it beside a candidate, and reports this GPU's floors (for the gate).
 """
 from __future__ import annotations
 
@@ -24,13 +25,17 @@ import traceback
 from collections import OrderedDict
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
+from pathlib import Path
 from types import ModuleType
 
 import torch
 
+from agent_backend import runtime
+from agent_backend.env import launch_op
 from agent_backend.env.candidate_loader import CandidateError, describe_exception, load_candidate, load_task, unload
+from agent_backend.env.floors import gpu_key, load_or_measure, measure_floors
 from agent_backend.env.guards import REAL, GlobalSwitches, PatchFingerprint, StateWatch, precision_context
-from agent_backend.env.profile import INPUT_SETS, make_timer, profile_candidate
+from agent_backend.env.profile import INPUT_SETS, CudaTimer, make_timer, profile_candidate, time_contenders
 from agent_backend.env.results import Failure
 from agent_backend.env.verify import (CpuRunner, CudaRunner, TorchOpRecorder, Verifier, cuda_usable, failure_from_exception, new_seed,
                                       sleep_cycles_per_ms)
@@ -75,12 +80,17 @@ class Worker:
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)
             torch.ones(1, device=self.device).add_(1).item()  # create the context now, not in a timed phase
+            try:
+                launch_op.native()  # built (once) here, not in a candidate's compile phase
+            except Exception as exc:  # launch-spec candidates then fail to load, saying why
+                print(f"cuda_agent worker: the launch op does not build: {exc}", file=sys.stderr)
             self.cycles_per_ms = sleep_cycles_per_ms(self.device)
         self.switches = GlobalSwitches(self.device.type)
         self.tasks: OrderedDict[str, TaskState] = OrderedDict()
         self.loaded: Loaded | None = None
+        self.floors: dict | None = None  # this GPU's floors, once asked for
         self._handlers = {"prepare": self._prepare, "load": self._load, "verify": self._verify,
-                          "profile": self._profile}
+                          "profile": self._profile, "reference": self._reference}
 
     def handle(self, request: dict) -> dict:
         timeout_s = float(request.get("timeout_s", 60.0))
@@ -121,6 +131,34 @@ class Worker:
             except Exception as exc:
                 state.inductor_error = f"Inductor could not compile the task: {describe_exception(exc)}"
         return {"ok": state.compiled is not None, "error": state.inductor_error}
+
+    def _reference(self, request: dict) -> dict:
+        """Time Inductor's reference alone (compiled by "prepare"), with the profiler's method,
+        and add this GPU's floors when `floors_path` names their file."""
+        task = Task.from_json(request["task"])
+        state = self._task_state(task)
+        if state.compiled is None:
+            return {"status": "runtime_error",
+                    "reason": state.inductor_error or "Inductor's reference is not compiled in this worker"}
+        seed = new_seed()
+        input_sets = [random_inputs(task.inputs, seed + k, device=str(self.device)) for k in range(INPUT_SETS)]
+        with precision_context(self.switches, request["precision"]), torch.no_grad():
+            timer = make_timer(self.device, self.cycles_per_ms)
+            stats, _ = time_contenders({"inductor": state.compiled}, input_sets, timer)
+        reply = {"status": "passed", "reason": "", "inductor_ms": stats["inductor"], "timer": timer.description}
+        if request.get("floors_path"):
+            reply.update(self._floors(Path(request["floors_path"])))
+        return reply
+
+    def _floors(self, path: Path) -> dict:
+        if self.device.type != "cuda":
+            return {"floors": None, "floors_note": "floors are measured on CUDA GPUs only"}
+        if self.floors is None:
+            key = gpu_key(self.device.index)
+            floors = load_or_measure(path, key, lambda: measure_floors(
+                self.device, CudaTimer(self.device, self.cycles_per_ms), lambda p: precision_context(self.switches, p)))
+            self.floors = {"floors": floors.to_json(), "floors_key": key}
+        return self.floors
 
     def _load(self, request: dict) -> dict:
         self._unload()
@@ -166,7 +204,8 @@ class Worker:
         task, state, verifier = loaded.task, loaded.state, loaded.verifier
         seed = verifier.seed + 1000
         input_sets = [random_inputs(task.inputs, seed + k, device=str(self.device)) for k in range(INPUT_SETS)]
-        contenders = {"ours": loaded.model, "eager": state.model}
+        ours, dispatch = runtime.as_called_by_a_graph(loaded.model, task.outputs, task.program, self.device)
+        contenders = {"ours": ours, "eager": state.model}
         if state.compiled is not None:
             contenders["inductor"] = state.compiled
         note = None if state.compiled is not None else (request.get("inductor_note") or state.inductor_error
@@ -183,10 +222,12 @@ class Worker:
             self._unload()
         if failure:
             return {**failure.to_json(), "verification": verifier.details()}
-        return {"status": "passed", "reason": "", "profile": profile, "verification": verifier.details()}
+        return {"status": "passed", "reason": "", "profile": {**profile, "dispatch": dispatch},
+                "verification": verifier.details()}
 
     def _unload(self) -> None:
         if self.loaded is not None:
+            runtime.forget(runtime.PROFILED_KEY)
             unload(self.loaded.module)
             self.loaded = None
             gc.collect()
