@@ -1,6 +1,7 @@
 """Decide, for one task, whether a kernel of ours runs it: cache first, then (if the mode allows)
-a search on the GPU. Every path that does not end in a verified winner leaves the subgraph to
-Inductor with a reason."""
+a search on the GPU: now (mode "search") or in the background (mode "background"), after the
+gate (search.gate_task) where it is on. Every path that does not end in a verified winner leaves
+the subgraph to Inductor with a reason."""
 from __future__ import annotations
 
 import dataclasses
@@ -9,14 +10,21 @@ import hashlib
 import json
 import logging
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
-from . import runtime
+from . import background, gate, runtime
+from .env.floors import FILE_NAME as FLOORS_FILE
+from .env.launch_spec import read_from_entry, store_in_entry, strip_from_entry
 from .graph_pass import Decision
 from .options import Settings
 from .policies import PolicyError, source_revision
+from .progress import SearchProgress
 from .specs import Task
+
+if TYPE_CHECKING:
+    from kernel_cache import Entry
 
 log = logging.getLogger("cuda_agent")
 
@@ -46,13 +54,31 @@ def shared_environment(devices, precision: dict, min_speedup: float = 1.05):
     return _environments[key]
 
 
+def close_shared_environments() -> None:
+    """Kill every worker of the shared pools (at exit, with background searches pending); a
+    later search starts a new pool."""
+    while _environments:
+        _environments.popitem()[1].close()
+
+
+_SEARCHING_LATER = "searching in the background; Inductor runs it until refresh(), the next compile or process"
+
+
 class Dispatcher:
-    def __init__(self, settings: Settings):
+    def __init__(self, settings: Settings, policy=None, progress: SearchProgress | None = None):
         self.settings = settings
         self.precision = user_precision(settings)
+        self.progress = progress
         self._cache = None
-        self._policy = None
+        self._policy = policy
+        self._trajectories = None
         self._announced_search = False
+        # Results of this compile's searches by key digest, for an identical task later in the
+        # graph (a transformer's layers) when the cache could not keep them; and why the policy
+        # could not be asked (not cached: the next compile asks again).
+        self._searched: dict[str, Entry] = {}
+        self._unanswered: dict[str, str] = {}
+        self._graph_token_live = False  # see leave_to_background
 
     @property
     def cache(self):
@@ -72,7 +98,7 @@ class Dispatcher:
             return None
         self.cache.touch(digest)
         return runtime.Winner(key=digest, source=entry.source, outputs=Task.from_json(entry.task).outputs,
-                              origin=entry.origin)
+                              origin=entry.origin, spec=_launch_spec(entry, digest))
 
     def cache_identity(self) -> str | None:
         """Everything but the graph that decides what the pass does to it: the options, the user's
@@ -82,8 +108,9 @@ class Dispatcher:
             return None
         parts = {"settings": dataclasses.asdict(self.settings), "precision": self.precision, "code": _code_revision(),
                  "gpus": _gpu_names(), "cache": token}
-        if self.settings.mode == "search":
+        if self.settings.mode in ("search", "background"):
             parts["policy"] = [self.policy.name, self.policy.revision]
+        self._graph_token_live = True
         return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()
 
     @property
@@ -99,40 +126,62 @@ class Dispatcher:
         key = make_key(task.hash, task.inputs, device, self.precision)
         lookup = self.cache.get(key)
         no_search = self._why_no_search(device)
-        if lookup is not None and (no_search or not self.is_stale_loser(lookup.entry)):
+        if lookup is not None and (no_search or not self.search_again(lookup.entry)):
             entry = lookup.entry
             if entry.outcome != "kernel":
-                return Decision(task, None, f"cached: {entry.reason}")
-            if not lookup.trusted:
-                entry = self._reverify(task, key, entry, lookup.layer)
-                if entry is None:
-                    return Decision(task, None, f"{lookup.layer} entry failed verification here")
-            self.cache.touch(key)
-            return self._dispatch(task, key.digest, entry)
+                return Decision(task, None, f"cached: {entry.reason}", entry.timings.get("gate"))
+            if lookup.trusted:
+                self.cache.touch(key)
+                return self._dispatch(task, key.digest, entry)
+            entry = self._reverify(task, key, entry, lookup.layer)
+            if entry is None:
+                return Decision(task, None, f"{lookup.layer} entry failed verification here")
+            return self._dispatch_and_store(task, key, entry)
         if no_search:
             return Decision(task, None, no_search)
+        if key.digest in self._unanswered:
+            return Decision(task, None, self._unanswered[key.digest])
+        if key.digest in self._searched:  # an identical task of this compile, its result not in the cache
+            return self._decision(task, key.digest, self._searched[key.digest])
         if lookup is not None:
             written_by = lookup.entry.provenance
             log.info("cuda_agent: searching task %s again: its cached result (%s) came from policy %s revision %s",
                      task.hash[:12], lookup.entry.outcome, written_by.get("policy"), written_by.get("policy_revision"))
+        if self.settings.mode == "background":
+            return self.leave_to_background(task, key)
         try:
-            entry = self._search(task)
+            entry = self._search(task, key)
         except PolicyError as e:  # not a result: nothing cached, the next compile asks again
             log.warning("%s; task %s stays with Inductor", e, task.hash[:12])
+            self._unanswered[key.digest] = str(e)
             return Decision(task, None, str(e))
-        self.cache.put(key, entry)
+        self._searched[key.digest] = entry
         if entry.outcome == "kernel":
-            return self._dispatch(task, key.digest, entry)
-        return Decision(task, None, entry.reason)
+            return self._dispatch_and_store(task, key, entry)
+        self.cache.put(key, entry)
+        return self._decision(task, key.digest, entry)
+
+    def _decision(self, task: Task, digest: str, entry) -> Decision:
+        if entry.outcome == "kernel":
+            return self._dispatch(task, digest, entry)
+        return Decision(task, None, entry.reason, entry.timings.get("gate"))
 
     def _why_no_search(self, device: str) -> str | None:
         if device != "cuda":
             return f"{device} tensors: our kernels are CUDA only"
-        if self.settings.mode != "search":
+        if self.settings.mode not in ("search", "background"):
             return f"no cached winner (mode={self.settings.mode})"
         if not torch.cuda.is_available():
             return "no CUDA device to search on"
         return None
+
+    def search_again(self, entry) -> bool:
+        """Whether a cached result is worth a new search: a stale loser, or a task the gate
+        skipped under a bar that no longer skips it (or with the gate now off)."""
+        recorded = entry.timings.get("gate") or {}
+        gated_off = recorded.get("skipped") and not (
+            self.settings.gate and gate.still_skips(recorded, self.settings.min_speedup, self.settings.gate_slack))
+        return self.is_stale_loser(entry) or bool(gated_off)
 
     def is_stale_loser(self, entry) -> bool:
         """A loser written by another policy, or another revision of ours, which might win now."""
@@ -140,20 +189,75 @@ class Dispatcher:
         return entry.outcome != "kernel" and (entry.provenance.get("policy"),
                                               entry.provenance.get("policy_revision")) != current
 
-    def _search(self, task: Task):
-        from .search import search_task
-        if not self._announced_search:
+    def leave_to_background(self, task: Task, key) -> Decision:
+        """Queue the task's search and leave the task to Inductor for now.
+
+        The graph being compiled then holds Inductor's code for a task whose result is still to
+        come, and Inductor's FX graph cache would store it under a key naming the kernel cache's
+        content token, computed (cache_identity) before our pass ran. Were that token still
+        current later (a search that stores nothing, or a process that exits first), a later
+        compile would replay this graph as if it were final, and never search the task again.
+        So the token is moved on now, once per graph: no later lookup computes that key again.
+        """
+        queue = background.searches(on_stop=close_shared_environments)
+        queue.submit(key.digest, functools.partial(self._search_in_background, task, key, queue.stopped),
+                     functools.partial(self.cache.put, key))
+        if self._graph_token_live:
+            self.cache.retire_content_token()
+            self._graph_token_live = False
+        return Decision(task, None, _SEARCHING_LATER)
+
+    def _search_in_background(self, task: Task, key, stopped):
+        """The queued search: its entry, or None when the policy cannot be asked now."""
+        from .background import PacedEnvironment
+        env = shared_environment(self.settings.devices, self.precision, self.settings.min_speedup)
+        try:
+            return self._search(task, key, PacedEnvironment(env, self.settings.background_share, stopped))
+        except PolicyError as e:
+            log.warning("%s; task %s stays with Inductor until a later compile", e, task.hash[:12])
+            return None
+
+    def _search(self, task: Task, key, env=None):
+        """The gate, then the agent loop, on `env` (default: the shared pool)."""
+        from .search import gate_task, search_task
+        from .trajectories import FILE, Recorder, TrajectoryLog
+        if not self._announced_search and self.settings.mode == "search":
             log.warning("cuda_agent: searching kernels for subgraphs with no cached result, or a loser from "
                         "an older policy (up to %.0f s "
                         "each); results are cached, and options={'mode': 'cached'} skips the search",
                         self.settings.search_budget_s)
             self._announced_search = True
-        env = shared_environment(self.settings.devices, self.precision, self.settings.min_speedup)
-        return search_task(task, env, self.policy, budget_s=self.settings.search_budget_s,
-                           max_candidates=self.settings.max_candidates)
+        env = env or shared_environment(self.settings.devices, self.precision, self.settings.min_speedup)
+        progress = self.progress
+        gate_record = None
+        if self.settings.gate and self.policy.why_not(task) is None:  # else the loop ends at once anyway
+            if progress:
+                progress.searching(task, "gate: timing Inductor's kernel")
+            gated, gate_record = gate_task(task, env, self.policy, precision=self.precision,
+                                           min_speedup=self.settings.min_speedup, slack=self.settings.gate_slack,
+                                           floors_path=str(self.cache.cache_dir / FLOORS_FILE))
+            if gated is not None:
+                if progress:
+                    progress.finished(None, won=False)
+                return gated
+        if progress:
+            progress.searching(task, "proposing candidates")
+        record = None
+        if self.settings.record_trajectories:
+            self._trajectories = self._trajectories or TrajectoryLog(self.cache.cache_dir / FILE)
+            record = Recorder(self._trajectories, task, key, self.policy)
+        entry = search_task(task, env, self.policy, budget_s=self.settings.search_budget_s,
+                            max_candidates=self.settings.max_candidates, record=record,
+                            progress=progress.search_round if progress else None)
+        if gate_record is not None:
+            entry.timings["gate"] = gate_record
+        if progress:
+            progress.finished(entry.timings.get("counted_speedup"), won=entry.outcome == "kernel")
+        return entry
 
     def _reverify(self, task: Task, key, entry, layer: str):
-        """An untrusted team entry runs here only after it passes verification on this GPU."""
+        """An untrusted team entry runs here only after it passes verification on this GPU; its
+        launch spec, not built here, is dropped (the source gives it again)."""
         from .specs import Candidate
         if task.inputs[0].device != "cuda" or not torch.cuda.is_available():
             return None
@@ -164,20 +268,43 @@ class Dispatcher:
             return None
         entry.timings = dict(ev.profile)
         entry.verification = ev.verification
-        self.cache.put(key, entry)
+        strip_from_entry(entry)
         return entry
+
+    def _dispatch_and_store(self, task: Task, key, entry) -> Decision:
+        """Load a winner verified in this run, then cache it, with the launch spec its source
+        gave here, where it is one: a graph replayed later registers the spec from the cache."""
+        decision = self._dispatch(task, key.digest, entry)
+        winner = runtime.registered(key.digest)
+        if decision.winner_key and winner.spec is not None:
+            store_in_entry(entry, winner.spec)
+        self.cache.put(key, entry)
+        return decision
 
     def _dispatch(self, task: Task, key: str, entry) -> Decision:
         winner = runtime.registered(key)
         if winner is None:
             try:
-                winner = runtime.load_winner(runtime.Winner(key, entry.source, task.outputs, entry.origin),
+                winner = runtime.load_winner(runtime.Winner(key, entry.source, task.outputs, entry.origin,
+                                                            spec=_launch_spec(entry, key)),
                                              task.outputs[0].device)
             except Exception as e:  # a cached winner that no longer loads must not break compile
                 log.warning("cuda_agent: cached kernel %s failed to load (%s); using Inductor", key[:12], e)
                 return Decision(task, None, f"cached kernel failed to load: {type(e).__name__}")
         speedup = entry.timings.get("counted_speedup") or entry.timings.get("speedup_vs_inductor")
-        return Decision(task, key, f"kernel {entry.origin}" + (f" ({speedup:.2f}x Inductor)" if speedup else ""))
+        return Decision(task, key, f"kernel {entry.origin}" + (f" ({speedup:.2f}x Inductor)" if speedup else ""),
+                        entry.timings.get("gate"))
+
+
+def _launch_spec(entry, key: str):
+    """The launch spec a trusted entry holds (None: none, or a damaged one; the source then
+    gives it)."""
+    try:
+        return read_from_entry(entry)
+    except ValueError as e:
+        log.warning("cuda_agent: the launch spec of cached kernel %s is damaged (%s); its source is run instead",
+                    key[:12], e)
+        return None
 
 
 @functools.cache

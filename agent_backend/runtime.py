@@ -1,15 +1,19 @@
-"""Runtime dispatch: one custom op that runs a verified winner in place of a subgraph.
+"""Runtime dispatch: a verified winner runs in place of its subgraph through one custom op.
 
-The graph pass replaces a winning subgraph with
-`torch.ops.cuda_agent.run_winner(key, program, inputs)`. Inductor sees an opaque extern kernel
-whose output shapes come from the fake implementation, and compiles everything around it. The
-winner itself lives in this process's registry, loaded only after it passed verification (or came
-from a trusted cache layer).
+A winner whose candidate is a launch spec (env/launch_spec.py) is called as
+`torch.ops.cuda_agent.launch(key, program, inputs)`: the C++ op (env/launch_op.py) checks the
+inputs, allocates the outputs and launches, with no Python in the call. Any other winner is
+called as `torch.ops.cuda_agent.run_winner(key, program, inputs)`, a Python custom op that runs
+its ModelNew. Inductor sees an opaque extern kernel whose outputs come from the op's fake (Meta)
+implementation, and compiles everything around it. A winner lives in this process's registry,
+loaded only after it passed verification (or came from a trusted cache layer).
 
 When Inductor's FX graph cache replays a compiled graph, our pass does not run, so the winner is
 loaded on its first call from the local kernel cache (which holds only verified or trusted
-entries). Should it be gone from there, the subgraph's own program (`program`, the task's
-reference in plain torch ops) computes the result instead: slower, never wrong.
+entries; a launch spec comes back as data, no candidate code runs); the launch op hands a key it
+does not know to run_winner, which loads it. Should it be gone from there, the subgraph's own
+program (`program`, the task's reference in plain torch ops) computes the result instead:
+slower, never wrong.
 """
 from __future__ import annotations
 
@@ -21,37 +25,54 @@ from typing import Callable
 
 import torch
 
+from .env import launch_op  # defines torch.ops.cuda_agent.launch
+from .env.launch_spec import LaunchSpec
 from .specs import TensorSpec
 from .task import load_program
 
 log = logging.getLogger("cuda_agent")
 
 
-def _instantiate(key: str, source: str, origin: str, device: torch.device) -> Callable[..., object]:
+def _instantiate(key: str, source: str, origin: str, device: torch.device) -> torch.nn.Module:
     """Execute a verified candidate's source with `device` current (kernels load into the
-    current device's context) and return its ModelNew().forward."""
+    current device's context) and return its ModelNew()."""
     namespace: dict = {"__name__": f"cuda_agent_winner_{key[:12]}"}
     context = torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
     with context:
         exec(compile(source, f"<winner {key[:12]} {origin}>", "exec"), namespace)
-        return namespace["ModelNew"]().forward
+        return namespace["ModelNew"]()
 
 
 @dataclass
 class Winner:
-    """A verified kernel for one task signature, loaded once per device it runs on."""
+    """A verified kernel for one task signature, loaded once per device it runs on. `spec`: its
+    launch spec, where its candidate is one (from the cache entry, or found by running the
+    source); such a winner runs through the launch op, registered under `key`."""
 
     key: str
     source: str
     outputs: tuple[TensorSpec, ...]
     origin: str
-    calls: int = 0
-    forwards: dict = field(default_factory=dict)  # torch.device -> ModelNew().forward
+    spec: LaunchSpec | None = None
+    run_winner_calls: int = 0
+    forwards: dict = field(default_factory=dict)  # torch.device -> forward(*inputs)
+
+    @property
+    def calls(self) -> int:
+        """Calls in this process: a launch spec's launches (through either op), else run_winner's."""
+        return launch_op.launch_count(self.key) if self.spec is not None else self.run_winner_calls
 
     def forward_on(self, device: torch.device) -> Callable[..., object]:
         forward = self.forwards.get(device)
         if forward is None:
-            forward = self.forwards[device] = _instantiate(self.key, self.source, self.origin, device)
+            if self.spec is None:
+                model = _instantiate(self.key, self.source, self.origin, device)
+                self.spec = launch_op.spec_of(type(model))
+                forward = model.forward
+            if self.spec is not None:
+                launch_op.register(self.key, self.spec, device.index if device.type == "cuda" else None)
+                forward = launch_op.launcher_for(self.key)
+            self.forwards[device] = forward
         return forward
 
 
@@ -116,6 +137,40 @@ def load_winner(winner: Winner, device: torch.device | str) -> Winner:
     return winner
 
 
+PROFILED_KEY = "candidate being profiled"
+
+
+def as_called_by_a_graph(model: torch.nn.Module, outputs: tuple[TensorSpec, ...], program: str,
+                         device: torch.device) -> tuple[Callable[..., object], str]:
+    """`model`, a verified candidate's ModelNew, called the way a compiled graph would call it
+    as a winner (for timing what a user pays), and the op's name: the launch op for a launch
+    spec; else run_winner, with the model registered under PROFILED_KEY until the next call
+    (or forget(PROFILED_KEY))."""
+    spec = launch_op.spec_of(type(model))
+    if spec is not None:
+        op, key = torch.ops.cuda_agent.launch.default, spec.digest
+    else:
+        if device.type == "cuda" and device.index is None:
+            device = torch.device("cuda", torch.cuda.current_device())
+        register(Winner(PROFILED_KEY, "", outputs, "profiled", forwards={device: model.forward}))
+        op, key = torch.ops.cuda_agent.run_winner.default, PROFILED_KEY
+    return (lambda *inputs: op(key, program, list(inputs))), str(op.name())
+
+
+def forget(key: str) -> None:
+    with _lock:
+        _registry.pop(key, None)
+
+
+def op_for(key: str):
+    """The op a graph calls for the winner registered under `key`: the launch op for a launch
+    spec, else run_winner. Both take (key, program, inputs)."""
+    winner = _registry.get(key)
+    if winner is not None and winner.spec is not None:
+        return torch.ops.cuda_agent.launch.default
+    return torch.ops.cuda_agent.run_winner.default
+
+
 def _conform(out: torch.Tensor, spec: TensorSpec) -> torch.Tensor:
     """Give the output the strides Inductor planned for (its fake tensor had them)."""
     if tuple(out.stride()) == spec.stride or out.numel() <= 1:
@@ -132,7 +187,7 @@ def run_winner(key: str, program: str, inputs: list[torch.Tensor]) -> list[torch
         winner = _load_from_sources(key, device)
     if winner is None:
         return _as_list(_reference(key, program)(*inputs))
-    winner.calls += 1
+    winner.run_winner_calls += 1
     outs = _as_list(winner.forward_on(device)(*inputs))
     return [_conform(o, s) for o, s in zip(outs, winner.outputs)]
 

@@ -26,6 +26,7 @@ from agent_backend.env import nvrtc  # noqa: E402
 from agent_backend.env.extension import keyed_extension_builds  # noqa: E402
 from agent_backend.env.fast_kernel import load_kernel  # noqa: E402
 from agent_backend.env.launcher import launcher_module  # noqa: E402
+from cuda_agent_core import toolchain  # noqa: E402
 
 NOOP = r"""
 extern "C" __global__ void noop(float* x, int n) {
@@ -102,15 +103,15 @@ def measure(runs: int = 5, skip_extension: bool = False) -> dict:
         "arch": nvrtc.current_arch(),
         "torch": torch.__version__,
         "compilers": {name: getattr(find(), "version", None)
-                      for name, find in (("nvrtc", nvrtc.nvrtc_compiler), ("nvcc", nvrtc.nvcc_compiler))},
+                      for name, find in (("nvrtc", toolchain.find_nvrtc), ("nvcc", toolchain.find_nvcc))},
         "compile_s": {},
         "launch_overhead_us": {},
     }
     compile_s = results["compile_s"]
     compile_s["launcher build (once per machine)"] = seconds(launcher_module)
-    if nvrtc.nvrtc_compiler():
+    if toolchain.find_nvrtc():
         compile_s["nvrtc"] = compile_times("nvrtc", runs)
-    if nvrtc.nvcc_compiler():
+    if toolchain.find_nvcc():
         compile_s["nvcc -cubin"] = compile_times("nvcc", runs)
     compile_s["load_kernel (compile + load), cold"] = seconds(
         lambda: load_kernel(unique(NOOP), "noop", ["ptr", "i32"]))

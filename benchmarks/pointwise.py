@@ -70,18 +70,18 @@ class _Fn(torch.nn.Module):
         return self.fn(*xs)
 
 
-def run_cases(only: str | None = None) -> dict:
-    """Search each case's pointwise task with the built-in policy, as the backend would."""
+def run_cases(only: str | None = None, make_cases=cases, kind: str = "pointwise") -> dict:
+    """Search each case's largest task of `kind` with the built-in policy, as the backend would."""
     settings = resolve({})
     # Its own pool, closed at the end (not the process-wide one the backend shares).
     with Environment(precision=user_precision(settings), min_speedup=settings.min_speedup) as env:
         policy = BuiltinPolicy()
         copy_gbs = copy_bandwidth_gbs()
         rows = []
-        for name, (fn, inputs) in cases().items():
+        for name, (fn, inputs) in make_cases().items():
             if only and only not in name:
                 continue
-            tasks = [t for t in tasks_of(trace_tasks(_Fn(fn), inputs, backward=False)) if t.kind == "pointwise"]
+            tasks = [t for t in tasks_of(trace_tasks(_Fn(fn), inputs, backward=False)) if t.kind == kind]
             task = max(tasks, key=lambda t: len(t.ops))
             entry = search_task(task, env, policy, budget_s=600, max_candidates=settings.max_candidates)
             row = {"case": name, "ops": len(task.ops), "outcome": entry.outcome, "reason": entry.reason,
@@ -116,7 +116,7 @@ def print_rows(results: dict) -> None:
                   f"{r['outcome']}: {r['reason'][:80]}")
 
 
-def main() -> int:
+def main(make_cases=cases, kind: str = "pointwise") -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", help="also write the results as JSON here")
     parser.add_argument("--only", help="run only cases whose name contains this")
@@ -124,7 +124,7 @@ def main() -> int:
     if not torch.cuda.is_available():
         print("needs a CUDA GPU")
         return 1
-    results = run_cases(args.only)
+    results = run_cases(args.only, make_cases, kind)
     print_rows(results)
     if args.out:
         Path(args.out).write_text(json.dumps(results, indent=2))

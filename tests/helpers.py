@@ -47,16 +47,38 @@ def collect_tasks(model, inputs, backward: bool = True, min_ops: int = 1):
 
 def put_cached_entry(task, outcome: str = "kernel", source: str | None = None, *, device: str = "cpu",
                      cache_dir=None, trust_key=None, reason: str = "supplied by a test", provenance=None,
-                     timings=None) -> str:
-    """Store an entry for `task` under the key the backend looks up with default options; its digest."""
+                     timings=None, launch_spec=None) -> str:
+    """Store an entry for `task` under the key the backend looks up with default options; its
+    digest. `launch_spec`: a LaunchSpec stored with it, as the search stores a winner's."""
     from agent_backend.dispatch import user_precision
+    from agent_backend.env.launch_spec import store_in_entry
     from agent_backend.options import resolve
     from kernel_cache import Entry, KernelCache, make_key
     key = make_key(task.hash, task.inputs, device, user_precision(resolve({})))
     entry = Entry(outcome=outcome, reason=reason, source=source, origin="test", provenance=provenance or {"policy": "test"},
                   timings=timings or {}, task=task.to_json(), key=key.to_json(), last_used=time.time(),
                   created=time.time())
+    if launch_spec is not None:
+        store_in_entry(entry, launch_spec)
     cache = KernelCache.open(cache_dir=cache_dir, trust_key=trust_key)
     cache.put(key, entry)
     cache.close()
     return key.digest
+
+
+def launch_spec_of(source: str, monkeypatch):
+    """Execute a candidate's program on the CPU as a worker on an H100 would (132 SMs, sm_90),
+    with each CUBIN standing for its source; the LaunchSpec its ModelNew runs."""
+    import types
+
+    from agent_backend.env import launch_op, launch_spec
+    monkeypatch.setattr(launch_spec, "compile_cubin", lambda source, arch, options: f"cubin of {source}".encode())
+    monkeypatch.setattr(launch_spec, "current_arch", lambda: "sm_90")
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda d: types.SimpleNamespace(multi_processor_count=132))
+    monkeypatch.setattr(launch_op, "register", lambda key, spec, device: None)
+    namespace = {}
+    exec(compile(source, "<candidate>", "exec"), namespace)
+    spec = launch_op.spec_of(namespace["ModelNew"])
+    assert spec is not None, "ModelNew is not a launch-spec model"
+    return spec

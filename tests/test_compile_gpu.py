@@ -85,20 +85,47 @@ def test_launches_on_the_current_non_default_stream():
     assert out.item() == 1.0
 
 
+# Reverses n floats through dynamic shared memory: with n * 4 bytes above 48 KB, a launch
+# works only where the kernel's shared-memory limit was raised.
+REVERSE_THROUGH_SHARED_SRC = r"""
+extern "C" __global__ void reverse(const float* x, float* out, int n) {
+    extern __shared__ float tile[];
+    for (int i = threadIdx.x; i < n; i += blockDim.x) tile[i] = x[i];
+    __syncthreads();
+    for (int i = threadIdx.x; i < n; i += blockDim.x) out[i] = tile[n - 1 - i];
+}"""
+
+
 def test_large_dynamic_shared_memory():
-    source = r"""
-    extern "C" __global__ void reverse(const float* x, float* out, int n) {
-        extern __shared__ float tile[];
-        for (int i = threadIdx.x; i < n; i += blockDim.x) tile[i] = x[i];
-        __syncthreads();
-        for (int i = threadIdx.x; i < n; i += blockDim.x) out[i] = tile[n - 1 - i];
-    }"""
-    kernel = load_kernel(source, "reverse", ["ptr", "ptr", "i32"])
+    kernel = load_kernel(REVERSE_THROUGH_SHARED_SRC, "reverse", ["ptr", "ptr", "i32"])
     n = 100 * 1024 // 4  # 100 KB: above the 48 KB default limit
     x = torch.randn(n, device="cuda")
     out = torch.empty_like(x)
     kernel.launch(1, 1024, [x, out, n], shared_mem=n * 4)
     torch.testing.assert_close(out, x.flip(0), rtol=0, atol=0)
+
+
+@pytest.mark.skipif(torch.cuda.is_available() and torch.cuda.get_device_capability() < (9, 0),
+                    reason="thread-block clusters need sm_90")
+def test_cluster_launch_shares_shared_memory():
+    """Each block of a 4-block cluster reads its neighbour's shared memory (DSMEM)."""
+    source = r"""
+    #include <cooperative_groups.h>
+    namespace cg = cooperative_groups;
+    extern "C" __global__ void neighbour(float* out) {
+        __shared__ float mine;
+        cg::cluster_group cluster = cg::this_cluster();
+        if (threadIdx.x == 0) mine = (float)blockIdx.x;
+        cluster.sync();
+        const unsigned next = (cluster.block_rank() + 1) % cluster.num_blocks();
+        if (threadIdx.x == 0) out[blockIdx.x] = *cluster.map_shared_rank(&mine, next);
+        cluster.sync();
+    }"""
+    kernel = load_kernel(source, "neighbour", ["ptr"])
+    out = torch.full((8,), float("nan"), device="cuda")
+    kernel.launch(8, 32, [out], cluster=4)
+    expected = torch.tensor([1, 2, 3, 0, 5, 6, 7, 4], dtype=torch.float32, device="cuda")
+    torch.testing.assert_close(out, expected, rtol=0, atol=0)
 
 
 def test_nvcc_cubin_runs():

@@ -1,5 +1,9 @@
 """The fast-path launcher, built for real with the C++ compiler: it imports without a CUDA driver,
 checks every argument before it reaches the driver, and says plainly when no driver is there."""
+import shutil
+import subprocess
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -81,6 +85,44 @@ def test_i32_range_is_checked(launcher):
 def test_bad_grid_is_refused(scale, grid):
     with pytest.raises(ValueError, match="grid must be a positive int or a tuple of 1 to 3 positive ints"):
         scale.launch(grid, 1, [0, 0, 2.0, 1], 0, 0)
+
+
+@needs_build
+@pytest.mark.parametrize("cluster, message", [
+    ((3,), "the grid must be a whole number of clusters"),
+    ((2, 0), "cluster must be a positive int or a tuple of 1 to 3 positive ints"),
+])
+def test_bad_cluster_is_refused_before_launch(scale, cluster, message):
+    with pytest.raises(ValueError, match=message):
+        scale.launch(4, 1, [0, 0, 2.0, 1], 0, 0, cluster)
+
+
+def _cuda_header() -> Path | None:
+    found = [Path(p).parent.parent / "include" / "cuda.h" for p in filter(None, [shutil.which("nvcc")])]
+    found += sorted(Path("/usr/local").glob("cuda*/include/cuda.h"))
+    return next((p for p in found if p.is_file()), None)
+
+
+@pytest.mark.skipif(_cuda_header() is None or shutil.which("c++") is None, reason="needs cuda.h and a C++ compiler")
+def test_cluster_launch_structs_match_cuda_h(tmp_path):
+    """cuda_driver.h declares cuLaunchKernelEx's structs by hand (the launcher builds without CUDA
+    headers) and static_asserts these sizes and offsets for them; here they are checked against
+    cuda.h."""
+    check = tmp_path / "abi.cpp"
+    check.write_text("""#include <cuda.h>
+#include <cstddef>
+static_assert(sizeof(CUlaunchAttribute) == 72 && offsetof(CUlaunchAttribute, value) == 8, "attribute");
+static_assert(sizeof(CUlaunchConfig) == 56 && offsetof(CUlaunchConfig, sharedMemBytes) == 24 &&
+              offsetof(CUlaunchConfig, hStream) == 32 && offsetof(CUlaunchConfig, attrs) == 40 &&
+              offsetof(CUlaunchConfig, numAttrs) == 48, "config");
+static_assert(CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION == 4, "attribute id");
+""")
+    done = subprocess.run(["c++", "-fsyntax-only", f"-I{_cuda_header().parent}", str(check)], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    header = launcher_build.HEADERS[0].read_text()  # cuda_driver.h
+    assert "sizeof(LaunchAttribute) == 72 && offsetof(LaunchAttribute, value) == 8" in header
+    assert "sizeof(LaunchConfig) == 56 && offsetof(LaunchConfig, shared_mem) == 24" in header
+    assert "CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION = 4;" in header
 
 
 @needs_build

@@ -1,5 +1,6 @@
 """A winner supplied through the cache (a hand-written candidate) replaces its subgraph with one
 call of our custom op; Inductor compiles the rest; results match eager, forward and backward."""
+import pytest
 import torch
 import torch.nn as nn
 from torch._inductor.utils import run_and_get_code
@@ -10,6 +11,7 @@ from helpers import assert_close_lists, collect_tasks, put_cached_entry, run_fwd
 
 # Hand-written candidate for x * sigmoid(x) + bias, in the KernelBench answer format.
 SWISH_BIAS = '''
+import pytest
 import torch
 import torch.nn as nn
 
@@ -162,7 +164,7 @@ def test_a_policy_that_cannot_propose_now_caches_nothing(cache_dir, monkeypatch)
     from agent_backend.policies import PolicyError
     from kernel_cache import KernelCache
 
-    def unavailable(self, task):
+    def unavailable(self, task, key):
         raise PolicyError("cuda_agent: no answer from the model server at http://127.0.0.1:9/v1")
     task = _swish_task(Net(), torch.randn(4, 16))
     on_cuda = lambda specs: tuple(dataclasses.replace(s, device="cuda") for s in specs)  # noqa: E731
@@ -177,3 +179,130 @@ def test_a_policy_that_cannot_propose_now_caches_nothing(cache_dir, monkeypatch)
     assert decision.winner_key is None and "no answer from the model server" in decision.reason
     with KernelCache.open() as cache:
         assert list(cache.items()) == []
+
+
+class CountingPolicy:
+    """A policy with no template for the task (so no gate and no worker): counts its searches,
+    or raises `error` as a model server that is down would."""
+
+    name, revision = "test-counting", "1"
+
+    def __init__(self, error: Exception | None = None):
+        self.error, self.proposals = error, 0
+
+    def why_not(self, task):
+        return "no template here"
+
+    def propose(self, task, feedback):
+        self.proposals += 1
+        if self.error:
+            raise self.error
+        return []
+
+
+@pytest.fixture
+def searchable_on_cpu(monkeypatch):
+    """Searches are for CUDA tasks; these tests search CPU tasks, whose search needs no GPU."""
+    from agent_backend.dispatch import Dispatcher
+    monkeypatch.setattr(Dispatcher, "_why_no_search", lambda self, device: None)
+
+
+def test_identical_tasks_of_one_compile_are_searched_once_when_the_cache_cannot_keep_results(tmp_path,
+                                                                                             searchable_on_cpu):
+    from agent_backend.dispatch import Dispatcher
+    not_a_directory = tmp_path / "a-file"
+    not_a_directory.write_text("")
+    settings = resolve({"cache_dir": str(not_a_directory / "cache")})
+    task, policy = _swish_task(Net(), torch.randn(4, 16)), CountingPolicy()
+    dispatcher = Dispatcher(settings, policy=policy)
+    layers = [dispatcher.decide(task) for _ in range(12)]  # a transformer's identical layers
+    assert policy.proposals == 1
+    assert {d.reason for d in layers} == {"no template here"}
+
+
+def test_a_policy_that_cannot_be_asked_is_asked_once_per_compile(cache_dir, searchable_on_cpu):
+    from agent_backend.dispatch import Dispatcher
+    from agent_backend.policies import PolicyError
+    task = _swish_task(Net(), torch.randn(4, 16))
+    policy = CountingPolicy(PolicyError("cuda_agent: no answer from the model server"))
+    dispatcher = Dispatcher(resolve({}), policy=policy)
+    assert [dispatcher.decide(task).reason for _ in range(3)] == ["cuda_agent: no answer from the model server"] * 3
+    assert policy.proposals == 1
+    Dispatcher(resolve({}), policy=policy).decide(task)
+    assert policy.proposals == 2, "the next compile asks again"
+
+
+def test_a_task_the_gate_skipped_is_searched_again_once_the_gate_or_its_bar_would_not_skip_it(cache_dir,
+                                                                                              searchable_on_cpu):
+    from agent_backend import gate
+    from agent_backend.dispatch import Dispatcher
+    task, policy = _swish_task(Net(), torch.randn(4, 16)), CountingPolicy()
+    verdict = gate.judge(0.0528, gate.Floor(0.048, 0.0, 0.002, 0.004), min_speedup=1.05, slack=0.05)
+    provenance = {"policy": policy.name, "policy_revision": policy.revision}
+
+    def cache_the_gates_verdict():
+        put_cached_entry(task, outcome="inductor", reason=verdict.reason(), timings={"gate": verdict.to_json()},
+                         provenance=provenance)
+
+    cache_the_gates_verdict()
+    decision = Dispatcher(resolve({}), policy=policy).decide(task)
+    assert decision.reason.startswith("cached: Inductor at floor: Inductor 0.0528 ms, floor 0.0480 ms (memory)")
+    assert decision.gate == verdict.to_json() and policy.proposals == 0
+    for options in ({"gate": False}, {"min_speedup": 1.01}, {"gate_slack": 0.0}):
+        cache_the_gates_verdict()
+        Dispatcher(resolve(options), policy=policy).decide(task)
+    assert policy.proposals == 3
+
+
+def _launch_spec(task):
+    from agent_backend.env.launch_spec import Arg, KernelLaunch, LaunchSpec
+    args = (*map(Arg.input, range(len(task.inputs))), Arg.output(0))
+    return LaunchSpec(task.inputs, task.outputs, (KernelLaunch(b"\x7fELF swish", "sm_90", "swish", 8, 128, args),))
+
+
+def test_a_launch_spec_winner_is_called_through_the_launch_op():
+    spec = _launch_spec(_swish_task(Net(), torch.randn(4, 16)))
+    runtime.register(runtime.Winner("spec winner", "", spec.outputs, "test", spec=spec))
+    runtime.register(runtime.Winner("python winner", SWISH_BIAS, spec.outputs, "test"))
+    assert runtime.op_for("spec winner") is torch.ops.cuda_agent.launch.default
+    assert runtime.op_for("python winner") is torch.ops.cuda_agent.run_winner.default
+    assert runtime.op_for("nothing registered") is torch.ops.cuda_agent.run_winner.default
+
+
+def test_a_replayed_graph_gets_the_launch_spec_from_the_cache_entry(cache_dir, caplog):
+    """No candidate code runs for a launch spec read back from the local cache; a damaged one
+    leaves the winner to its source."""
+    from agent_backend.dispatch import Dispatcher
+    from agent_backend.options import resolve
+    from kernel_cache import CacheKey, KernelCache
+    task = _swish_task(Net(), torch.randn(4, 16))
+    spec = _launch_spec(task)
+    key = put_cached_entry(task, source="raise ImportError('not run')\n", launch_spec=spec)
+    winner = Dispatcher(resolve({})).cached_winner(key)
+    assert winner.spec == spec and winner.outputs == task.outputs
+    with KernelCache.open() as cache:
+        entry = cache.local.read(key)
+        entry.launch["spec"]["kernels"][0].pop("grid")
+        cache.put(CacheKey.from_json(entry.key), entry)
+    with caplog.at_level("WARNING", logger="cuda_agent"):
+        assert Dispatcher(resolve({})).cached_winner(key).spec is None
+    assert any("launch spec of cached kernel" in r.message for r in caplog.records)
+
+
+def test_inductor_compiles_a_graph_around_the_launch_op(cache_dir):
+    """On the CPU the op's Meta kernel gives Inductor the outputs, and the compiled graph calls
+    the op, which refuses CPU tensors: proof that the call reached it, with the graph's tensors."""
+    torch.manual_seed(0)
+    model, x = Net(), torch.randn(4, 16)
+    task = _swish_task(model, x)
+    key = put_cached_entry(task, source="raise ImportError('not run')\n", launch_spec=_launch_spec(task))
+    runtime._registry.pop(key, None)  # the other tests' winner for this task
+    torch._dynamo.reset()
+    seen = len(backend.reports)
+    try:
+        with torch.no_grad(), pytest.raises(ValueError, match=r"specialised to CUDA tensors; got \['cpu'\]"):
+            torch.compile(model, backend="cuda_agent", options={"mode": "cached"})(x)
+        assert any(d.winner_key == key for r in backend.reports[seen:] for d in r.decisions)
+        assert runtime.registered(key).spec is not None
+    finally:
+        runtime._registry.pop(key, None)  # a CPU winner that cannot run must not stay for the next tests

@@ -6,8 +6,6 @@ from __future__ import annotations
 import re
 import shutil
 import subprocess
-import sys
-import types
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -16,9 +14,11 @@ import torch
 import torch.nn.functional as F
 from torch.fx.experimental.proxy_tensor import make_fx
 
+from agent_backend.env.launch_spec import Arg
 from agent_backend.specs import Task, TensorSpec, dtype_name
+from helpers import launch_spec_of
 from skills.pointwise import propose, supports
-from skills.pointwise.candidates import SEARCH_SPACE, TILED_SEARCH_SPACE, launch_configs, model_source
+from skills.pointwise.candidates import SEARCH_SPACE, TILED_SEARCH_SPACE, grid_blocks, launch_configs, model_source
 from skills.pointwise.codegen import kernel_source, tiled_kernel_source
 from skills.pointwise.dtypes import literal
 from skills.pointwise.layout import broadcast_strides, coalesce, is_dense, vector_width
@@ -373,27 +373,28 @@ def test_generated_cuda_compiles_cleanly(tmp_path):
     assert problems == {}
 
 
-def test_model_source_is_a_program_specialised_to_its_signature(monkeypatch):
-    fn, inputs = CASES["scale_shift_relu_fp16_tail"]
-    candidates = propose(make_task(fn, inputs("cpu")))
-    loads = []
-    stub = types.ModuleType("agent_backend.env.fast_kernel")
-    stub.load_kernel = lambda source, name, arg_types: loads.append((source, name, arg_types))
-    monkeypatch.setitem(sys.modules, "agent_backend.env.fast_kernel", stub)
-    for candidate in candidates:
-        namespace = {}
-        exec(compile(candidate.source, candidate.origin, "exec"), namespace)
-        source, name, arg_types = loads[-1]
-        assert f'extern "C" __global__ void __launch_bounds__({candidate.params["block"]}) {name}(' in source
-        assert arg_types == ["ptr", "ptr"] and name.startswith("pointwise_b")
-        with pytest.raises(ValueError, match="specialised to CUDA tensors"):
-            namespace["ModelNew"]()(torch.randn(4099, dtype=f16))
-    assert len(loads) == len(candidates)  # only the main kernel compiles at import
-
-
-def test_model_source_returns_a_tuple_for_several_outputs():
-    fn, inputs = CASES["multi_output_with_bool_fp32"]
-    plan = build_plan(make_task(fn, inputs("cpu")))
-    source = model_source(plan, SEARCH_SPACE[0])
-    compile(source, "multi", "exec")
-    assert "return tuple(outputs)" in source and "torch.bool" in source
+@pytest.mark.parametrize("name, config", [
+    ("scale_shift_relu_fp16_tail", SEARCH_SPACE[0]), ("scale_shift_relu_fp16_tail", SEARCH_SPACE[-1]),
+    ("multi_output_with_bool_fp32", SEARCH_SPACE[3]), ("transposed_input_fp32", TILED_SEARCH_SPACE[0])])
+def test_model_source_is_a_launch_spec_of_the_planned_kernels(name, config, monkeypatch):
+    """The spec launches what the plan and the config say: the kernel codegen writes (with a
+    scalar fallback for unaligned inputs where it reads vectors), the grid grid_blocks gives,
+    inputs then outputs as arguments, on tensors of exactly the task's signature."""
+    fn, inputs = CASES[name]
+    task = make_task(fn, inputs("cpu"))
+    plan = build_plan(task)
+    spec = launch_spec_of(model_source(plan, config), monkeypatch)
+    assert spec.inputs == task.inputs and spec.outputs == task.outputs
+    width = config.vector_width(plan)
+    kernel_name = f"pointwise_{config.tag(width)}"
+    args = tuple(map(Arg.input, range(len(task.inputs)))) + tuple(map(Arg.output, range(len(task.outputs))))
+    expected = [(width, config.kernel(plan, kernel_name, width))]
+    if width > 1:
+        expected.append((1, config.kernel(plan, kernel_name, 1)))
+    assert len(spec.kernels) == len(expected)
+    for kernel, (kernel_width, source) in zip(spec.kernels, expected):
+        blocks = grid_blocks(config.groups(plan, kernel_width), config.groups_per_block,
+                             config.threads[0] * config.threads[1], config.waves, 132)
+        assert (kernel.cubin, kernel.name, kernel.arch) == (f"cubin of {source}".encode(), kernel_name, "sm_90")
+        assert (kernel.grid, kernel.block, kernel.args, kernel.shared_mem) == ((blocks, 1, 1), config.threads, args, 0)
+        assert all(a == 1 for a in kernel.alignment) == (kernel_width == 1)

@@ -1,5 +1,5 @@
 """The fast path's launcher module (launcher/launcher.cpp): built once per machine and Python,
-kept in the cache root, imported from there.
+kept in the cache directory, imported from there.
 
 It is built with the C++ compiler directly against pybind11 and Python's headers (a few
 seconds), not through torch.utils.cpp_extension, whose torch headers cost about a minute.
@@ -20,11 +20,12 @@ from types import ModuleType
 import pybind11
 from filelock import FileLock
 
-from agent_backend.env.cache_paths import cache_root
 from agent_backend.env.compile_errors import CompileError
+from cuda_agent_core.paths import default_cache_dir
 
 MODULE_NAME = "_cuda_agent_launcher"  # must match PYBIND11_MODULE in launcher.cpp
 SOURCE = Path(__file__).with_name("launcher") / "launcher.cpp"
+HEADERS = (SOURCE.with_name("cuda_driver.h"),)  # included by SOURCE, so part of the build key
 CXX_FLAGS = ("-O2", "-std=c++17", "-shared", "-fPIC", "-fvisibility=hidden")
 
 
@@ -34,16 +35,16 @@ def build_command(source: Path, output: Path) -> list[str]:
 
 
 def build_key() -> str:
-    """Changes with the source, the flags, Python's ABI and pybind11's version."""
-    parts = [SOURCE.read_bytes(), " ".join(CXX_FLAGS).encode(), sys.version.encode(),
-             sysconfig.get_config_var("EXT_SUFFIX").encode(), pybind11.__version__.encode()]
+    """Changes with the sources, the flags, Python's ABI and pybind11's version."""
+    parts = [SOURCE.read_bytes(), *(h.read_bytes() for h in HEADERS), " ".join(CXX_FLAGS).encode(),
+             sys.version.encode(), sysconfig.get_config_var("EXT_SUFFIX").encode(), pybind11.__version__.encode()]
     return hashlib.sha256(b"\0".join(parts)).hexdigest()[:16]
 
 
 @functools.cache
 def launcher_module() -> ModuleType:
-    """The launcher, built into <cache root>/launcher/<key>/ unless another process already did."""
-    build_dir = cache_root() / "launcher" / build_key()
+    """The launcher, built into <cache dir>/launcher/<key>/ unless another process already did."""
+    build_dir = default_cache_dir() / "launcher" / build_key()
     library = build_dir / f"{MODULE_NAME}{sysconfig.get_config_var('EXT_SUFFIX')}"
     if not library.is_file():
         build_dir.mkdir(parents=True, exist_ok=True)

@@ -1,5 +1,8 @@
 """Timing a verified candidate against Inductor and eager, in the same worker, on the same
-input sets, under the same precision settings.
+input sets, under the same precision settings. The candidate is called the way a compiled graph
+would call it as a winner (runtime.as_called_by_a_graph): through the C++ launch op for a launch
+spec, else through run_winner around its ModelNew, so its host time is what a user pays per call
+(the profile's "dispatch" names the op).
 
 Contenders are timed in interleaved rounds (each round calls every contender once, in a
 rotating order, on the next of several input sets), after a warm-up, for an adaptive number of
@@ -148,6 +151,15 @@ def measure(contenders: dict[str, Callable[..., Any]], input_sets: list[list[tor
     return timings, (trials - 1) % len(input_sets)
 
 
+def time_contenders(contenders: dict[str, Callable[..., Any]], input_sets: list[list[torch.Tensor]],
+                    timer: CudaTimer | CpuTimer,
+                    after_call: Callable[[str], Failure | None] = lambda name: None) -> tuple[dict, int]:
+    """Timing stats per contender (`summarize`), and the index of the input set timed last."""
+    timings, last_set = measure(contenders, input_sets, timer, after_call)
+    drain_floor_ms = min(t.drain_ms for contender in timings.values() for t in contender)
+    return {name: summarize(t, drain_floor_ms) for name, t in timings.items()}, last_set
+
+
 def counted_speedup(ours: dict, inductor: dict | None) -> float | None:
     """The speedup a win is judged on: Inductor's GPU time over ours, where ours is the longer of
     our GPU time and our host time per call. A kernel whose launch takes longer than it runs
@@ -167,14 +179,12 @@ def profile_candidate(verifier: Verifier, contenders: dict[str, Callable[..., An
         return watch.settings_changed("forward, while timed") if name == "ours" else None
 
     try:
-        timings, last_set = measure(contenders, input_sets, timer, after_call)
+        stats, last_set = time_contenders(contenders, input_sets, timer, after_call)
     except _RuleBroken as broken:
         return None, broken.failure
     failure = watch.violation("forward, while timed") or verifier.trial(_POST_CHECK_DRAW, input_sets[last_set])
     if failure:
         return None, Failure(failure.status, f"after timing: {failure.reason}", failure.restart)
-    drain_floor_ms = min(t.drain_ms for contender in timings.values() for t in contender)
-    stats = {name: summarize(t, drain_floor_ms) for name, t in timings.items()}
     ours = max(stats["ours"]["median"], 1e-9)
     inductor = stats.get("inductor")
     speedup_vs_inductor = inductor["median"] / ours if inductor else None

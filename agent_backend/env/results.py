@@ -15,7 +15,8 @@ class Timeouts:
     """Wall-clock limits per phase, enforced by the calling process (a worker that runs past one
     is killed and restarted). `compile_s` covers executing the candidate's source and building
     ModelNew, and also the one-off Inductor compile of a task's reference in a worker;
-    `start_s` covers a worker's start-up (importing torch, creating the CUDA context)."""
+    `start_s` covers a worker's start-up (importing torch, creating the CUDA context, and on a
+    GPU building the launch op where the cache root has none yet: 15-30 s, once)."""
 
     compile_s: float = 120.0
     verify_s: float = 60.0
@@ -57,6 +58,26 @@ class Evaluation:
     @classmethod
     def from_json(cls, d: dict) -> "Evaluation":
         return cls(**d)
+
+
+@dataclass
+class ReferenceTiming:
+    """Inductor's reference for a task timed alone, as candidates are timed against it, and the
+    floors (gate.Floors JSON) of the GPU it ran on: None where they were not asked for or are
+    not measured there (`floors_note` says why). `inductor_ms` holds the profiler's stats
+    (median, p10, p90, trials, host_median); None unless status is "passed"."""
+
+    status: str
+    reason: str = ""
+    inductor_ms: dict | None = None
+    floors: dict | None = None
+    floors_note: str = ""
+    device: str = ""
+    phase_s: dict = field(default_factory=dict)
+
+    def __post_init__(self):
+        if self.status not in STATUSES:
+            raise ValueError(f"unknown status {self.status!r}")
 
 
 def counted_ms(stats: dict) -> float:

@@ -112,19 +112,19 @@ def propose_candidates(plan: PointwisePlan) -> list[Candidate]:
 
 
 _MODEL = string.Template('''\
-import functools
-
 import torch
-import torch.nn as nn
 
-from agent_backend.env.fast_kernel import load_kernel
+from agent_backend.env.launch_op import launch_spec_model
+from agent_backend.env.launch_spec import Arg, KernelLaunch, LaunchSpec
+from agent_backend.specs import TensorSpec
 
-# builtin:pointwise:$tag - one fused pointwise kernel, specialised to these signatures.
+# builtin:pointwise:$tag - one fused pointwise kernel, specialised to these signatures and run
+# by the C++ launch op (a launch spec: no Python runs per call).
 INPUTS = $inputs  # (shape, stride, dtype) of each input
 OUTPUTS = $outputs
 THREADS, GROUPS_PER_BLOCK, WAVES = $threads, $per_block, $waves
 KERNEL_NAME = "$name"
-ARG_TYPES = $arg_types
+ARGS = [Arg.input(k) for k in range(len(INPUTS))] + [Arg.output(k) for k in range(len(OUTPUTS))]
 
 MAIN_SOURCE = r\'\'\'$main_source\'\'\'
 MAIN_GROUPS = $main_groups
@@ -134,67 +134,40 @@ MAIN_ALIGNMENT = $alignment
 FALLBACK_SOURCE = $fallback_source
 FALLBACK_GROUPS = $fallback_groups
 
-_main = load_kernel(MAIN_SOURCE, KERNEL_NAME, ARG_TYPES)
-
-
-@functools.lru_cache(maxsize=None)
-def _fallback():
-    return load_kernel(FALLBACK_SOURCE, KERNEL_NAME, ARG_TYPES)
-
 
 $grid_blocks
 
-@functools.lru_cache(maxsize=None)
-def _blocks(groups, device_index):
-    sm_count = torch.cuda.get_device_properties(device_index).multi_processor_count
-    return grid_blocks(groups, GROUPS_PER_BLOCK, THREADS[0] * THREADS[1], WAVES, sm_count)
+def _launch(source, groups, alignment=()):
+    sm_count = torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
+    blocks = grid_blocks(groups, GROUPS_PER_BLOCK, THREADS[0] * THREADS[1], WAVES, sm_count)
+    return KernelLaunch.compile(source, KERNEL_NAME, grid=blocks, block=THREADS, args=ARGS, alignment=alignment)
 
 
-def _check(inputs):
-    device = inputs[0].device
-    for k, (t, (shape, stride, dtype)) in enumerate(zip(inputs, INPUTS)):
-        if (t.device.type != "cuda" or t.device != device or t.dtype != dtype or tuple(t.shape) != shape
-                or any(a != b for n, a, b in zip(shape, t.stride(), stride) if n != 1)):
-            raise ValueError(
-                f"input {k}: this kernel is specialised to CUDA tensors (all on one device) of shape "
-                f"{shape}, stride {stride}, dtype {dtype}; got {t.device} {tuple(t.shape)} {t.stride()} {t.dtype}")
-
-
-class ModelNew(nn.Module):
-    def forward(self, $params):
-        inputs = $inputs_tuple
-        _check(inputs)
-        device = inputs[0].device
-        outputs = [torch.empty_strided(shape, stride, dtype=dtype, device=device) for shape, stride, dtype in OUTPUTS]
-        if all(t.data_ptr() % a == 0 for t, a in zip(inputs, MAIN_ALIGNMENT)):
-            kernel, groups = _main, MAIN_GROUPS
-        else:
-            kernel, groups = _fallback(), FALLBACK_GROUPS
-        kernel.launch((_blocks(groups, device.index), 1, 1), THREADS, [*inputs, *outputs])
-        return $returned
+KERNELS = [_launch(MAIN_SOURCE, MAIN_GROUPS, MAIN_ALIGNMENT)]
+if FALLBACK_SOURCE:
+    KERNELS.append(_launch(FALLBACK_SOURCE, FALLBACK_GROUPS))
+ModelNew = launch_spec_model(LaunchSpec(inputs=[TensorSpec(*s, "cuda") for s in INPUTS],
+                                        outputs=[TensorSpec(*s, "cuda") for s in OUTPUTS], kernels=KERNELS))
 ''')
 
 
 def model_source(plan: PointwisePlan, config: LaunchConfig | TiledConfig) -> str:
-    """KernelBench-style ModelNew running `plan` with `config`, compiled at import."""
+    """KernelBench-style program whose ModelNew runs `plan` with `config` as a launch spec,
+    compiled for the current GPU at import."""
     width = config.vector_width(plan)
     name = f"pointwise_{config.tag(width)}"
     fallback = config.kernel(plan, name, 1) if width > 1 else None
     alignment = tuple(width * op.spec.torch_dtype.itemsize if k in plan.reads and is_vector_access(op, width) else 1
                       for k, op in enumerate(plan.inputs))
-    params = [f"in{k}" for k in range(len(plan.inputs))]
     return _MODEL.substitute(
         tag=config.tag(width), name=name, threads=config.threads, per_block=config.groups_per_block,
         waves=config.waves,
         inputs=_signatures(op.spec for op in plan.inputs), outputs=_signatures(op.spec for op in plan.outputs),
-        arg_types=["ptr"] * (len(plan.inputs) + len(plan.outputs)),
         main_source=config.kernel(plan, name, width), main_groups=config.groups(plan, width), alignment=alignment,
         fallback_source=f"r'''{fallback}'''" if fallback else None, fallback_groups=config.groups(plan, 1),
         # the program carries grid_blocks' own source, so its grid is the one pruning assumed
-        grid_blocks=inspect.getsource(grid_blocks),
-        params=", ".join(params), inputs_tuple=f"({', '.join(params)}{',' if len(params) == 1 else ''})",
-        returned="outputs[0]" if len(plan.outputs) == 1 else "tuple(outputs)")
+        grid_blocks=inspect.getsource(grid_blocks))
 
 
 def _signatures(specs) -> str:
-    return "[" + ", ".join(f"({s.shape}, {s.stride}, torch.{s.dtype})" for s in specs) + "]"
+    return "[" + ", ".join(f"({s.shape}, {s.stride}, {s.dtype!r})" for s in specs) + "]"

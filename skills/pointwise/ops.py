@@ -233,7 +233,15 @@ def _build_rules() -> dict[Any, OpRule]:
     return rules
 
 
-OP_RULES: dict[Any, OpRule] = _build_rules()
+def _inductor_rules() -> dict[Any, OpRule]:
+    """Ops Inductor defines (torch._inductor.inductor_prims) that its decompositions write into
+    the graphs we see: fma in softmax's backward."""
+    import torch._inductor.inductor_prims  # noqa: F401  (registers prims.fma)
+    fma = getattr(prims, "fma", None)
+    return {fma.default: OpRule("float", _call("pw_fma", "a", "b", "c"))} if fma is not None else {}
+
+
+OP_RULES: dict[Any, OpRule] = {**_build_rules(), **_inductor_rules()}
 
 
 # pw_<name>(float) and pw_<name>(double) overloads of CUDA's math library, so templates below
@@ -251,6 +259,8 @@ def _math_overloads() -> str:
     for name in _MATH_BINARY:
         for ctype, fn in (("float", f"{name}f"), ("double", name)):
             lines.append(f"__device__ __forceinline__ {ctype} pw_{name}({ctype} a, {ctype} b) {{ return {fn}(a, b); }}")
+    for ctype, fn in (("float", "fmaf"), ("double", "fma")):  # one rounding, as prims.fma promises
+        lines.append(f"__device__ __forceinline__ {ctype} pw_fma({ctype} a, {ctype} b, {ctype} c) {{ return {fn}(a, b, c); }}")
     return "\n".join(lines)
 
 

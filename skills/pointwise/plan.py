@@ -49,7 +49,7 @@ class PointwisePlan:
 
 def build_plan(task: Task) -> PointwisePlan:
     """The plan for `task`, or Unsupported with the reason the template cannot take it."""
-    placeholders, out_nodes = _graph_interface(task)
+    placeholders, out_nodes = graph_interface(task)
     iter_shape = _iteration_shape(task.outputs)
     needed = _ancestors(out_nodes)
     values = {p: Value(f"x{k}", s.torch_dtype) for k, (p, s) in enumerate(zip(placeholders, task.inputs))}
@@ -72,7 +72,7 @@ def build_plan(task: Task) -> PointwisePlan:
                          tuple(values[n].var for n in out_nodes), width, wide)
 
 
-def _graph_interface(task: Task) -> tuple[list[Node], list[Node]]:
+def graph_interface(task: Task) -> tuple[list[Node], list[Node]]:
     """The graph's placeholders and output nodes, checked against the task's signature."""
     if task.graph_module is None:
         raise Unsupported("task has no graph module")
@@ -149,8 +149,8 @@ def _render(node: Node, var: str, values: dict[Node, Value], metas: dict[Node, t
     rule = OP_RULES.get(node.target)
     if rule is None:
         raise Unsupported(f"op {node.target} not supported")
-    bound = _bind(node)
-    result = _meta_result(node, metas)
+    bound = bind_arguments(node)
+    result = meta_result(node, metas)
     if rule.kind == "compare":
         dtype = torch.result_type(*(metas[v] if isinstance(v, Node) else v for v in (bound["self"], bound["other"])))
     else:
@@ -165,7 +165,7 @@ def _render(node: Node, var: str, values: dict[Node, Value], metas: dict[Node, t
     return f"const {info.ctype} {var} = {info.round.format(rule.render(args))};"
 
 
-def _bind(node: Node) -> dict[str, Any]:
+def bind_arguments(node: Node) -> dict[str, Any]:
     """The node's arguments by schema name, defaults filled in."""
     bound = {}
     for k, arg in enumerate(node.target._schema.arguments):
@@ -178,7 +178,7 @@ def _bind(node: Node) -> dict[str, Any]:
     return bound
 
 
-def _meta_result(node: Node, metas: dict[Node, torch.Tensor]) -> torch.Tensor:
+def meta_result(node: Node, metas: dict[Node, torch.Tensor]) -> torch.Tensor:
     args = map_arg(node.args, metas.__getitem__)
     kwargs = dict(map_arg(node.kwargs, metas.__getitem__))
     if "device" in kwargs:  # factories and _to_copy: keep the result on the meta device

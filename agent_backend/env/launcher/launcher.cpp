@@ -1,101 +1,23 @@
 // The fast path's launcher: loads CUBINs into the current CUDA context and launches their
 // kernels on a given stream, with arguments packed from a Python sequence in one call.
 //
-// It reaches the driver through dlopen("libcuda.so.1") on first use, so it builds without CUDA
+// It reaches the driver through cuda_driver.h (dlopen'd on first use), so it builds without CUDA
 // headers or libraries and imports on machines without a GPU.
 #include <pybind11/pybind11.h>
-
-#include <dlfcn.h>
 
 #include <cstdint>
 #include <limits>
 #include <stdexcept>
 #include <string>
 
+#include "cuda_driver.h"
+
 namespace py = pybind11;
+using namespace cuda_agent;
 
 namespace {
 
-// The driver types and entry points used, as cuda.h declares them (stable ABI since CUDA 4).
-using CUresult = int;
-using CUdevice = int;
-using CUcontext = void*;
-using CUmodule = void*;
-using CUfunction = void*;
-using CUstream = void*;
-constexpr CUresult CUDA_SUCCESS = 0;
-constexpr CUresult CUDA_ERROR_NOT_FOUND = 500;
-constexpr int CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8;
-// Dynamic shared memory a kernel may use before its limit must be raised.
-constexpr unsigned kDefaultSharedMemLimit = 48 * 1024;
 constexpr size_t kMaxArgs = 256;
-
-struct Driver {
-  CUresult (*cuGetErrorString)(CUresult, const char**);
-  CUresult (*cuCtxGetCurrent)(CUcontext*);
-  CUresult (*cuCtxSetCurrent)(CUcontext);
-  CUresult (*cuDeviceGet)(CUdevice*, int);
-  CUresult (*cuDevicePrimaryCtxRetain)(CUcontext*, CUdevice);
-  CUresult (*cuModuleLoadData)(CUmodule*, const void*);
-  CUresult (*cuModuleGetFunction)(CUfunction*, CUmodule, const char*);
-  CUresult (*cuFuncSetAttribute)(CUfunction, int, int);
-  CUresult (*cuLaunchKernel)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
-                             unsigned, CUstream, void**, void**);
-};
-
-template <typename F>
-void bind_symbol(void* library, const char* name, F& out) {
-  void* symbol = dlsym(library, name);
-  if (symbol == nullptr) {
-    throw std::runtime_error(std::string("the CUDA driver (libcuda.so.1) has no ") + name);
-  }
-  out = reinterpret_cast<F>(symbol);
-}
-
-Driver load_driver() {
-  void* library = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
-  if (library == nullptr) {
-    const char* why = dlerror();
-    throw std::runtime_error(std::string("cannot load the CUDA driver (libcuda.so.1): ") +
-                             (why ? why : "not found") + "; is this a machine with an NVIDIA GPU?");
-  }
-  Driver d{};
-  bind_symbol(library, "cuGetErrorString", d.cuGetErrorString);
-  bind_symbol(library, "cuCtxGetCurrent", d.cuCtxGetCurrent);
-  bind_symbol(library, "cuCtxSetCurrent", d.cuCtxSetCurrent);
-  bind_symbol(library, "cuDeviceGet", d.cuDeviceGet);
-  bind_symbol(library, "cuDevicePrimaryCtxRetain", d.cuDevicePrimaryCtxRetain);
-  bind_symbol(library, "cuModuleLoadData", d.cuModuleLoadData);
-  bind_symbol(library, "cuModuleGetFunction", d.cuModuleGetFunction);
-  bind_symbol(library, "cuFuncSetAttribute", d.cuFuncSetAttribute);
-  bind_symbol(library, "cuLaunchKernel", d.cuLaunchKernel);
-  return d;
-}
-
-// Loaded on first use; a failed load throws and is tried again on the next call.
-const Driver& driver() {
-  static const Driver d = load_driver();
-  return d;
-}
-
-void check(CUresult status, const std::string& call) {
-  if (status == CUDA_SUCCESS) return;
-  const char* text = nullptr;
-  if (driver().cuGetErrorString(status, &text) != CUDA_SUCCESS || text == nullptr) text = "unknown error";
-  throw std::runtime_error(call + " failed: " + text + " (CUDA error " + std::to_string(status) + ")");
-}
-
-// Modules load into the calling thread's context: torch's, once it has touched the GPU.
-// Otherwise take the device's primary context, the one torch uses too.
-void ensure_context(const Driver& d, int device) {
-  CUcontext context = nullptr;
-  check(d.cuCtxGetCurrent(&context), "cuCtxGetCurrent");
-  if (context != nullptr) return;
-  CUdevice handle = 0;
-  check(d.cuDeviceGet(&handle, device), "cuDeviceGet");
-  check(d.cuDevicePrimaryCtxRetain(&context, handle), "cuDevicePrimaryCtxRetain");
-  check(d.cuCtxSetCurrent(context), "cuCtxSetCurrent");
-}
 
 uintptr_t load_module(py::bytes image, int device) {
   const Driver& d = driver();
@@ -105,15 +27,8 @@ uintptr_t load_module(py::bytes image, int device) {
   return reinterpret_cast<uintptr_t>(module);
 }
 
-uintptr_t get_function(uintptr_t module, const std::string& name) {
-  const Driver& d = driver();
-  CUfunction function = nullptr;
-  CUresult status = d.cuModuleGetFunction(&function, reinterpret_cast<CUmodule>(module), name.c_str());
-  if (status == CUDA_ERROR_NOT_FOUND) {
-    throw py::value_error("no kernel named '" + name + "' in the compiled module; declare it extern \"C\" __global__");
-  }
-  check(status, "cuModuleGetFunction('" + name + "')");
-  return reinterpret_cast<uintptr_t>(function);
+uintptr_t module_function(uintptr_t module, const std::string& name) {
+  return reinterpret_cast<uintptr_t>(get_function(reinterpret_cast<CUmodule>(module), name));
 }
 
 // Python integer -> C integer, without accepting floats; false (error cleared) if impossible.
@@ -191,15 +106,6 @@ void* tensor_address(PyObject* obj, size_t index, char code) {
   return PyLong_AsVoidPtr(address.ptr());
 }
 
-// One kernel argument, stored where cuLaunchKernel reads it through kernelParams.
-union ArgValue {
-  void* ptr;
-  int32_t i32;
-  int64_t i64;
-  float f32;
-  double f64;
-};
-
 void pack(char code, PyObject* obj, size_t index, ArgValue& out) {
   long long integer = 0;
   switch (code) {
@@ -246,9 +152,16 @@ class Function {
     }
   }
 
-  void launch(py::handle grid, py::handle block, py::handle args, unsigned shared_mem, uintptr_t stream) {
+  // cluster: None, or the blocks of one thread-block cluster (an int or 1 to 3 ints; sm_90+).
+  void launch(py::handle grid, py::handle block, py::handle args, unsigned shared_mem, uintptr_t stream,
+              py::handle cluster) {
     const Dim3 g = to_dim3(grid, "grid");
     const Dim3 b = to_dim3(block, "block");
+    const bool clustered = !cluster.is_none();
+    const Dim3 c = clustered ? to_dim3(cluster, "cluster") : Dim3{};
+    if (clustered && (g.x % c.x || g.y % c.y || g.z % c.z)) {
+      throw py::value_error("the grid must be a whole number of clusters in each dimension");
+    }
     py::object seq = py::reinterpret_steal<py::object>(PySequence_Fast(args.ptr(), "args must be a list or tuple"));
     if (!seq) throw py::error_already_set();
     const size_t count = static_cast<size_t>(PySequence_Fast_GET_SIZE(seq.ptr()));
@@ -269,9 +182,20 @@ class Function {
             "cuFuncSetAttribute(max dynamic shared memory = " + std::to_string(shared_mem) + ")");
       shared_mem_limit_ = shared_mem;
     }
-    check(d.cuLaunchKernel(function_, g.x, g.y, g.z, b.x, b.y, b.z, shared_mem, reinterpret_cast<CUstream>(stream),
-                           params, nullptr),
-          "cuLaunchKernel('" + name_ + "')");
+    if (!clustered) {
+      check(d.cuLaunchKernel(function_, g.x, g.y, g.z, b.x, b.y, b.z, shared_mem, reinterpret_cast<CUstream>(stream),
+                             params, nullptr),
+            "cuLaunchKernel('" + name_ + "')");
+      return;
+    }
+    if (d.cuLaunchKernelEx == nullptr) {
+      throw std::runtime_error("this CUDA driver has no cuLaunchKernelEx: cluster launches need CUDA 12 or later");
+    }
+    LaunchAttribute attribute{};
+    attribute.id = CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
+    attribute.value.cluster_dim = {c.x, c.y, c.z};
+    const LaunchConfig config{g.x, g.y, g.z, b.x, b.y, b.z, shared_mem, reinterpret_cast<CUstream>(stream), &attribute, 1};
+    check(d.cuLaunchKernelEx(&config, function_, params, nullptr), "cuLaunchKernelEx('" + name_ + "', cluster)");
   }
 
   const std::string& name() const { return name_; }
@@ -290,15 +214,16 @@ PYBIND11_MODULE(_cuda_agent_launcher, m) {
   m.doc() = "Loads CUBINs and launches their kernels through the CUDA driver, found at run time.";
   m.def("load_module", &load_module, py::arg("image"), py::arg("device"),
         "Load a CUBIN into the current context (or device's primary one); returns the module handle.");
-  m.def("get_function", &get_function, py::arg("module"), py::arg("name"),
+  m.def("get_function", &module_function, py::arg("module"), py::arg("name"),
         "The handle of the extern \"C\" kernel `name` in a loaded module.");
   // module_local: two copies of the launcher (two cache roots) may load into one process.
   py::class_<Function>(m, "Function", py::module_local())
       .def(py::init<uintptr_t, std::string, std::string>(), py::arg("handle"), py::arg("name"), py::arg("arg_codes"))
       .def("launch", &Function::launch, py::arg("grid"), py::arg("block"), py::arg("args"), py::arg("shared_mem"),
-           py::arg("stream"),
+           py::arg("stream"), py::arg("cluster") = py::none(),
            "Launch on `stream` (a raw cudaStream_t as int); args packed by arg_codes: "
-           "p=pointer (tensor or int), i=int32, l=int64, f=float32, d=float64.")
+           "p=pointer (tensor or int), i=int32, l=int64, f=float32, d=float64. cluster: None, or the "
+           "thread-block cluster's shape (through cuLaunchKernelEx).")
       .def_property_readonly("name", &Function::name)
       .def_property_readonly("arg_codes", &Function::arg_codes);
 }

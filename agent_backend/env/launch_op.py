@@ -1,0 +1,166 @@
+"""The launch op, cuda_agent::launch(key, program, inputs): runs the LaunchSpec registered under
+`key` from C++ (launcher/launch_op.cpp): input checks, output allocation and the launch, on
+torch's current stream, with no Python in the call path. It is what a launch-spec candidate's
+ModelNew calls (launch_spec_model) and what a compiled graph calls in place of a winner's
+subgraph, so what is verified is what runs.
+
+The op's schema is defined here, on import, so that a graph replayed by Inductor's cache finds
+it; the C++ kernels (CUDA, Meta) load with the extension, built with torch.utils.cpp_extension
+(15-30 s, once per machine, torch and Python) into <cache dir>/launch_op/<key>/. Until
+then a Python default kernel loads the extension and dispatches again.
+"""
+from __future__ import annotations
+
+import functools
+import hashlib
+import importlib.util
+import logging
+import sys
+from pathlib import Path
+from types import ModuleType
+from typing import Callable
+
+import torch
+import torch.nn as nn
+from filelock import FileLock
+
+from agent_backend.env.launch_spec import LaunchSpec
+from cuda_agent_core.paths import default_cache_dir
+
+log = logging.getLogger("cuda_agent")
+
+SOURCE = Path(__file__).with_name("launcher") / "launch_op.cpp"
+HEADERS = (SOURCE.with_name("cuda_driver.h"),)  # included by SOURCE, so part of the build key
+CXX_FLAGS = ("-O2",)
+LD_FLAGS = ("-ldl",)  # dlopen lives in libdl before glibc 2.34
+MODULE_PREFIX = "cuda_agent_launch_op"
+
+_library = torch.library.Library("cuda_agent", "FRAGMENT")
+_library.define("launch(str key, str program, Tensor[] inputs) -> Tensor[]")
+
+
+def build_key() -> str:
+    """Changes with the sources, the flags, torch (its headers and ABI) and Python."""
+    parts = [SOURCE.read_bytes(), *(h.read_bytes() for h in HEADERS), " ".join(CXX_FLAGS + LD_FLAGS).encode(),
+             torch.__version__.encode(), sys.implementation.cache_tag.encode()]
+    return hashlib.sha256(b"\0".join(parts)).hexdigest()[:16]
+
+
+@functools.cache
+def native() -> ModuleType:
+    """The extension, built unless another process already did; importing it registers the
+    op's C++ kernels."""
+    key = build_key()
+    name = f"{MODULE_PREFIX}_{key}"
+    build_dir = default_cache_dir() / "launch_op" / key
+    build_dir.mkdir(parents=True, exist_ok=True)
+    # Under the lock even to look: a build in progress writes the library in place.
+    with FileLock(str(build_dir) + ".lock"):
+        library = build_dir / f"{name}.so"  # the name cpp_extension gives it
+        return _import(name, library) if library.is_file() else _build(name, build_dir)
+
+
+def _build(name: str, build_dir: Path) -> ModuleType:
+    from torch.utils import cpp_extension
+
+    log.info("cuda_agent: building the launch op (once per machine, torch and Python) in %s", build_dir)
+    (build_dir / "lock").unlink(missing_ok=True)  # torch's own, left by a killed build; ours is held
+    return cpp_extension.load(name=name, sources=[str(SOURCE)], extra_cflags=list(CXX_FLAGS),
+                              extra_ldflags=list(LD_FLAGS), build_directory=str(build_dir), is_python_module=True,
+                              with_cuda=False)
+
+
+def _import(name: str, path: Path) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _launch_before_native(key: str, program: str, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
+    """The op's default kernel: runs where the C++ kernels are not loaded yet (a graph replayed
+    by Inductor's cache in a new process), and for tensors they do not take."""
+    if native.cache_info().currsize:
+        devices = sorted({str(t.device) for t in inputs})
+        raise ValueError(f"cuda_agent::launch: this kernel is specialised to CUDA tensors; got {devices}")
+    native()
+    return torch.ops.cuda_agent.launch.default(key, program, inputs)
+
+
+_library.impl("launch", _launch_before_native, "CompositeExplicitAutograd")
+
+
+def _layouts(specs) -> list[tuple]:
+    return [(list(s.shape), list(s.stride), s.dtype) for s in specs]
+
+
+def register(key: str, spec: LaunchSpec, device: int | None) -> None:
+    """Register `spec` under `key` and load its kernels on CUDA device `device` now (None:
+    on each device's first launch). A key keeps its first spec; another one is a ValueError."""
+    kernels = [(k.cubin, k.name, k.grid, k.block, k.shared_mem, [(a.kind, a.value) for a in k.args],
+                list(k.alignment)) for k in spec.kernels]
+    native().register_spec(key, spec.digest, -1 if device is None else device, _layouts(spec.inputs),
+                           _layouts(spec.outputs), kernels)
+
+
+def launch_count(key: str) -> int:
+    """Launches made under `key` in this process (0 where nothing is registered)."""
+    return max(native().launch_count(key), 0)
+
+
+def launcher_for(key: str) -> Callable[..., list[torch.Tensor]]:
+    """forward(*inputs) -> outputs through the op, for a spec registered under `key`."""
+    op = torch.ops.cuda_agent.launch.default
+    return lambda *inputs: op(key, "", list(inputs))
+
+
+def _layout_problem(t: torch.Tensor, want) -> bool:
+    if t.device.type != "cuda" or t.dtype != want.torch_dtype or tuple(t.shape) != tuple(want.shape):
+        return True
+    return any(size != 1 and stride != w for size, stride, w in zip(t.shape, t.stride(), want.stride))
+
+
+def _check_inputs(spec: LaunchSpec, inputs) -> None:
+    """The C++ op's own input check, done first in Python for a candidate's forward: on the GPU
+    machine (torch 2.11 CUDA wheel, the op built with g++ 13) any C++ exception leaving the op
+    crashed the process, so a wrong input must be refused before it gets there. A compiled graph
+    calls the op directly, with the inputs its signature was made from."""
+    if len(inputs) != len(spec.inputs) or any(_layout_problem(t, w) for t, w in zip(inputs, spec.inputs)):
+        got = [(str(t.device), tuple(t.shape), t.stride(), str(t.dtype)) for t in inputs]
+        want = [(tuple(w.shape), tuple(w.stride), w.dtype) for w in spec.inputs]
+        raise ValueError(f"this kernel is specialised to CUDA tensors of (shape, stride, dtype) {want}; got {got}")
+
+
+class LaunchSpecModel(nn.Module):
+    """A launch-spec candidate's ModelNew: forward is the launch op and nothing else. Made by
+    launch_spec_model(spec); subclasses that change forward are not launch-spec candidates."""
+
+    spec: LaunchSpec
+    key: str
+
+    def forward(self, *inputs: torch.Tensor):
+        _check_inputs(self.spec, inputs)
+        outputs = torch.ops.cuda_agent.launch.default(self.key, "", list(inputs))
+        return outputs[0] if len(outputs) == 1 else tuple(outputs)
+
+
+def launch_spec_model(spec: LaunchSpec) -> type[LaunchSpecModel]:
+    """The ModelNew class for `spec`, registered under its digest and loaded on the current
+    CUDA device.
+
+        ModelNew = launch_spec_model(LaunchSpec(inputs=..., outputs=..., kernels=(...)))
+    """
+    register(spec.digest, spec, torch.cuda.current_device())
+    return type("ModelNew", (LaunchSpecModel,), {"spec": spec, "key": spec.digest})
+
+
+def spec_of(model_class: type) -> LaunchSpec | None:
+    """The spec a ModelNew class runs, if it is exactly one launch_spec_model made."""
+    if not (isinstance(model_class, type) and issubclass(model_class, LaunchSpecModel)):
+        return None
+    untouched = (model_class.__bases__ == (LaunchSpecModel,) and model_class.forward is LaunchSpecModel.forward
+                 and model_class.__call__ is nn.Module.__call__ and model_class.__init__ is nn.Module.__init__)
+    spec = model_class.__dict__.get("spec")
+    if not untouched or not isinstance(spec, LaunchSpec) or model_class.__dict__.get("key") != spec.digest:
+        return None
+    return spec

@@ -1,0 +1,353 @@
+// The launch op: a kernel described as data (launch_spec.py) run from C++, so that a winner
+// costs what its kernel costs. cuda_agent::launch(key, program, inputs) looks the spec up by
+// key, checks the inputs against it, allocates the outputs through torch's caching allocator,
+// and launches the first kernel whose alignment the inputs meet on torch's current stream of
+// the inputs' device, so that it can be captured in a CUDA graph. A Meta kernel gives the
+// outputs' shapes and strides to tracing (FakeTensorMode, Inductor).
+//
+// The op's schema is defined from Python (launch_op.py), with a default kernel for a process
+// that has not loaded this library yet. Specs are registered from Python (register_spec). A key
+// with no spec goes to cuda_agent::run_winner with the subgraph's `program`: it finds the winner
+// in the kernel cache (registering its spec, so the next call stays here) or runs the program.
+//
+// torch's current stream comes from the AOTInductor C shim (aoti_torch_get_current_cuda_stream,
+// looked up at run time in libtorch_cuda) and the driver through cuda_driver.h, so this source
+// builds against a CPU-only torch as well.
+#include <ATen/core/Tensor.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/core/stack.h>
+#include <ATen/ops/empty_strided.h>
+#include <c10/core/DeviceGuard.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+#include <torch/library.h>
+
+#include <array>
+#include <atomic>
+#include <cstdint>
+#include <limits>
+#include <memory>
+#include <mutex>
+#include <stdexcept>
+#include <string>
+#include <tuple>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "cuda_driver.h"
+
+namespace py = pybind11;
+using namespace cuda_agent;
+
+namespace {
+
+constexpr size_t kMaxArgs = 256;
+constexpr size_t kMaxDevices = 128;  // c10::DeviceIndex is an int8_t
+
+enum class ArgKind : uint8_t { Input, Output, Constant };
+
+struct Layout {
+  std::vector<int64_t> sizes, strides;
+  at::ScalarType dtype;
+};
+
+struct Kernel {
+  std::string image;  // the CUBIN
+  std::string name;
+  std::array<unsigned, 3> grid{}, block{};
+  unsigned shared_mem = 0;
+  std::vector<ArgKind> kinds;
+  std::vector<int64_t> indices;     // of the input or output, for pointer arguments
+  std::vector<ArgValue> constants;  // the value, for constants
+  std::vector<int64_t> alignment;   // per input, bytes; empty: none required
+  std::array<std::atomic<CUfunction>, kMaxDevices> functions{};  // loaded on first use per device
+};
+
+struct Spec {
+  std::string digest;
+  std::vector<Layout> inputs, outputs;
+  std::vector<std::unique_ptr<Kernel>> kernels;
+  std::atomic<uint64_t> launches{0};
+};
+
+std::mutex table_mutex;   // guards the table
+std::mutex loading_mutex; // one module load at a time
+
+// Never destroyed: a launch may still run while the interpreter shuts down.
+std::unordered_map<std::string, std::shared_ptr<Spec>>& table() {
+  static auto* specs = new std::unordered_map<std::string, std::shared_ptr<Spec>>();
+  return *specs;
+}
+
+std::shared_ptr<Spec> find(c10::string_view key) {
+  std::lock_guard<std::mutex> lock(table_mutex);
+  auto found = table().find(std::string(key));
+  return found == table().end() ? nullptr : found->second;
+}
+
+// ----------------------------------------------------------------------------- the device side
+
+using GetCurrentStream = int32_t (*)(int32_t, void**);
+
+// torch's current stream of a device, through the AOTInductor C shim in libtorch_cuda: a stable
+// C function, loaded with torch's CUDA build, absent from a CPU-only one.
+void* current_stream(c10::DeviceIndex device) {
+  static const GetCurrentStream get = [] {
+    void* symbol = nullptr;
+    if (void* library = dlopen("libtorch_cuda.so", RTLD_NOW | RTLD_NOLOAD)) {
+      symbol = dlsym(library, "aoti_torch_get_current_cuda_stream");
+    }
+    if (symbol == nullptr) symbol = dlsym(RTLD_DEFAULT, "aoti_torch_get_current_cuda_stream");
+    TORCH_CHECK(symbol != nullptr, "cuda_agent::launch: this torch has no CUDA (no aoti_torch_get_current_cuda_stream)");
+    return reinterpret_cast<GetCurrentStream>(symbol);
+  }();
+  void* stream = nullptr;
+  TORCH_CHECK(get(device, &stream) == 0, "cuda_agent::launch: cannot get the current CUDA stream of device ",
+              static_cast<int>(device));
+  return stream;
+}
+
+// The kernel's function in `device`'s context (the current one), loaded on first use there.
+CUfunction function_on(Kernel& kernel, c10::DeviceIndex device) {
+  TORCH_CHECK(device >= 0 && static_cast<size_t>(device) < kMaxDevices, "bad CUDA device index ", static_cast<int>(device));
+  CUfunction function = kernel.functions[device].load(std::memory_order_acquire);
+  if (function != nullptr) return function;
+  std::lock_guard<std::mutex> lock(loading_mutex);
+  function = kernel.functions[device].load(std::memory_order_acquire);
+  if (function != nullptr) return function;
+  const Driver& d = driver();
+  ensure_context(d, device);
+  CUmodule module = nullptr;
+  check(d.cuModuleLoadData(&module, kernel.image.data()), "cuModuleLoadData('" + kernel.name + "')");
+  function = get_function(module, kernel.name);
+  if (kernel.shared_mem > kDefaultSharedMemLimit) {
+    check(d.cuFuncSetAttribute(function, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                               static_cast<int>(kernel.shared_mem)),
+          "cuFuncSetAttribute(max dynamic shared memory = " + std::to_string(kernel.shared_mem) + ")");
+  }
+  kernel.functions[device].store(function, std::memory_order_release);
+  return function;
+}
+
+// ----------------------------------------------------------------------------- the op
+
+bool same_strides(const at::Tensor& t, const Layout& layout) {
+  // A size-1 dim's stride never addresses anything: any value is the same layout.
+  const auto strides = t.strides();
+  for (size_t d = 0; d < layout.sizes.size(); ++d) {
+    if (layout.sizes[d] != 1 && strides[d] != layout.strides[d]) return false;
+  }
+  return true;
+}
+
+void check_inputs(const Spec& spec, at::TensorList inputs, c10::DeviceType device_type) {
+  TORCH_CHECK_VALUE(inputs.size() == spec.inputs.size(), "cuda_agent::launch: the kernel takes ", spec.inputs.size(),
+                    " inputs, got ", inputs.size());
+  const c10::Device device = inputs[0].device();
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    const at::Tensor& t = inputs[i];
+    const Layout& want = spec.inputs[i];
+    const bool ok = t.device().type() == device_type && t.device() == device && t.scalar_type() == want.dtype &&
+                    t.sizes() == c10::IntArrayRef(want.sizes) && same_strides(t, want);
+    TORCH_CHECK_VALUE(ok, "input ", i, ": this kernel is specialised to CUDA tensors (all on one device) of shape ",
+                      c10::IntArrayRef(want.sizes), ", stride ", c10::IntArrayRef(want.strides), ", dtype ", want.dtype,
+                      "; got ", t.device(), " ", t.sizes(), " ", t.strides(), " ", t.scalar_type());
+  }
+}
+
+std::vector<at::Tensor> allocate_outputs(const Spec& spec, c10::Device device) {
+  std::vector<at::Tensor> outputs;
+  outputs.reserve(spec.outputs.size());
+  for (const Layout& layout : spec.outputs) {
+    outputs.push_back(at::empty_strided(layout.sizes, layout.strides, at::TensorOptions().dtype(layout.dtype).device(device)));
+  }
+  return outputs;
+}
+
+Kernel& choose_kernel(const Spec& spec, at::TensorList inputs) {
+  for (const auto& kernel : spec.kernels) {
+    bool aligned = true;
+    for (size_t i = 0; aligned && i < kernel->alignment.size(); ++i) {
+      aligned = reinterpret_cast<uintptr_t>(inputs[i].const_data_ptr()) % kernel->alignment[i] == 0;
+    }
+    if (aligned) return *kernel;
+  }
+  C10_THROW_ERROR(ValueError, "cuda_agent::launch: no kernel of the spec accepts the inputs' alignment");
+}
+
+// A key with no spec here: cuda_agent::run_winner finds its winner or runs the program.
+std::vector<at::Tensor> run_winner(c10::string_view key, c10::string_view program, at::TensorList inputs) {
+  TORCH_CHECK(!program.empty(), "cuda_agent::launch: no launch spec is registered under '", key, "'");
+  static const c10::OperatorHandle op = c10::Dispatcher::singleton().findSchemaOrThrow("cuda_agent::run_winner", "");
+  torch::jit::Stack stack;
+  stack.emplace_back(std::string(key));
+  stack.emplace_back(std::string(program));
+  stack.emplace_back(inputs.vec());
+  op.callBoxed(&stack);
+  return stack.back().toTensorVector();
+}
+
+std::vector<at::Tensor> launch_cuda(c10::string_view key, c10::string_view program, at::TensorList inputs) {
+  const std::shared_ptr<Spec> spec = find(key);
+  if (spec == nullptr) return run_winner(key, program, inputs);
+  check_inputs(*spec, inputs, c10::DeviceType::CUDA);
+  const c10::Device device = inputs[0].device();
+  c10::DeviceGuard guard(device);
+  std::vector<at::Tensor> outputs = allocate_outputs(*spec, device);
+  Kernel& kernel = choose_kernel(*spec, inputs);
+  const CUfunction function = function_on(kernel, device.index());
+  const size_t count = kernel.kinds.size();
+  ArgValue values[kMaxArgs];
+  void* params[kMaxArgs];
+  for (size_t a = 0; a < count; ++a) {
+    switch (kernel.kinds[a]) {
+      // const_data_ptr: an input is only read, so a copy-on-write input is not copied first
+      case ArgKind::Input: values[a].ptr = const_cast<void*>(inputs[kernel.indices[a]].const_data_ptr()); break;
+      case ArgKind::Output: values[a].ptr = outputs[kernel.indices[a]].mutable_data_ptr(); break;
+      case ArgKind::Constant: values[a] = kernel.constants[a]; break;
+    }
+    params[a] = &values[a];
+  }
+  check(driver().cuLaunchKernel(function, kernel.grid[0], kernel.grid[1], kernel.grid[2], kernel.block[0],
+                                kernel.block[1], kernel.block[2], kernel.shared_mem,
+                                static_cast<CUstream>(current_stream(device.index())), params, nullptr),
+        "cuLaunchKernel('" + kernel.name + "')");
+  spec->launches.fetch_add(1, std::memory_order_relaxed);
+  return outputs;
+}
+
+std::vector<at::Tensor> launch_meta(c10::string_view key, c10::string_view /*program*/, at::TensorList inputs) {
+  const std::shared_ptr<Spec> spec = find(key);
+  TORCH_CHECK(spec != nullptr, "cuda_agent::launch: no launch spec is registered under '", key, "'");
+  check_inputs(*spec, inputs, c10::DeviceType::Meta);
+  return allocate_outputs(*spec, inputs[0].device());
+}
+
+// ----------------------------------------------------------------------------- registration
+
+using LayoutData = std::tuple<std::vector<int64_t>, std::vector<int64_t>, std::string>;
+using ArgData = std::pair<std::string, py::object>;
+using KernelData = std::tuple<py::bytes, std::string, std::array<int64_t, 3>, std::array<int64_t, 3>, int64_t,
+                              std::vector<ArgData>, std::vector<int64_t>>;
+
+[[noreturn]] void refuse(const std::string& why) { throw std::invalid_argument("launch spec: " + why); }
+
+at::ScalarType dtype_of(const std::string& name) {
+  static const std::unordered_map<std::string, at::ScalarType> dtypes = {
+      {"float32", at::kFloat}, {"float16", at::kHalf},  {"bfloat16", at::kBFloat16}, {"float64", at::kDouble},
+      {"bool", at::kBool},     {"int8", at::kChar},     {"uint8", at::kByte},        {"int16", at::kShort},
+      {"int32", at::kInt},     {"int64", at::kLong}};
+  auto found = dtypes.find(name);
+  if (found == dtypes.end()) refuse("unknown dtype '" + name + "'");
+  return found->second;
+}
+
+std::vector<Layout> layouts_of(const std::vector<LayoutData>& data) {
+  std::vector<Layout> layouts;
+  for (const auto& [sizes, strides, dtype] : data) {
+    if (sizes.size() != strides.size()) refuse("a tensor's shape and stride differ in length");
+    layouts.push_back(Layout{sizes, strides, dtype_of(dtype)});
+  }
+  return layouts;
+}
+
+unsigned to_unsigned(int64_t value, const char* what) {
+  if (value < 0 || value > std::numeric_limits<unsigned>::max()) refuse(std::string(what) + " out of range");
+  return static_cast<unsigned>(value);
+}
+
+std::unique_ptr<Kernel> kernel_of(const KernelData& data, size_t n_inputs, size_t n_outputs) {
+  const auto& [image, name, grid, block, shared_mem, args, alignment] = data;
+  auto kernel = std::make_unique<Kernel>();
+  kernel->image = std::string(image);
+  kernel->name = name;
+  for (int d = 0; d < 3; ++d) {
+    if (grid[d] < 1 || block[d] < 1) refuse("grid and block sizes must be at least 1");
+    kernel->grid[d] = to_unsigned(grid[d], "grid size");
+    kernel->block[d] = to_unsigned(block[d], "block size");
+  }
+  kernel->shared_mem = to_unsigned(shared_mem, "shared_mem");
+  if (args.size() > kMaxArgs) refuse("a kernel takes at most " + std::to_string(kMaxArgs) + " arguments");
+  if (!alignment.empty() && alignment.size() != n_inputs) refuse("alignment must name every input");
+  for (int64_t a : alignment) {
+    if (a < 1) refuse("alignment must be positive");
+  }
+  kernel->alignment = alignment;
+  for (const auto& [kind, value] : args) {
+    ArgValue constant{};
+    int64_t index = -1;
+    ArgKind arg_kind = ArgKind::Constant;
+    if (kind == "input" || kind == "output") {
+      arg_kind = kind == "input" ? ArgKind::Input : ArgKind::Output;
+      index = value.cast<int64_t>();
+      if (index < 0 || static_cast<size_t>(index) >= (kind == "input" ? n_inputs : n_outputs)) {
+        refuse(kind + " " + std::to_string(index) + " does not exist");
+      }
+    } else if (kind == "i32") {
+      const int64_t v = value.cast<int64_t>();
+      if (v < std::numeric_limits<int32_t>::min() || v > std::numeric_limits<int32_t>::max()) refuse("i32 out of range");
+      constant.i32 = static_cast<int32_t>(v);
+    } else if (kind == "i64") {
+      constant.i64 = value.cast<int64_t>();
+    } else if (kind == "f32") {
+      constant.f32 = static_cast<float>(value.cast<double>());
+    } else if (kind == "f64") {
+      constant.f64 = value.cast<double>();
+    } else {
+      refuse("unknown argument kind '" + kind + "'");
+    }
+    kernel->kinds.push_back(arg_kind);
+    kernel->indices.push_back(index);
+    kernel->constants.push_back(constant);
+  }
+  return kernel;
+}
+
+// Registers a spec under `key`, loading its kernels on CUDA device `device` now (a load failure
+// shows at registration, and a CUDA graph capture never has to load a module); other devices,
+// and every device where `device` is -1, load on first use. A key keeps the spec it was first
+// given: registering another digest is an error.
+void register_spec(const std::string& key, const std::string& digest, int64_t device,
+                   const std::vector<LayoutData>& inputs, const std::vector<LayoutData>& outputs,
+                   const std::vector<KernelData>& kernels) {
+  std::shared_ptr<Spec> spec = find(key);
+  if (spec != nullptr && spec->digest != digest) refuse("'" + key + "' already names another spec");
+  if (spec == nullptr) {
+    if (inputs.empty() || outputs.empty() || kernels.empty()) refuse("needs inputs, outputs and kernels");
+    spec = std::make_shared<Spec>();
+    spec->digest = digest;
+    spec->inputs = layouts_of(inputs);
+    spec->outputs = layouts_of(outputs);
+    for (const KernelData& data : kernels) spec->kernels.push_back(kernel_of(data, inputs.size(), outputs.size()));
+  }
+  if (device >= 0) {
+    const c10::Device cuda(c10::DeviceType::CUDA, static_cast<c10::DeviceIndex>(device));
+    c10::DeviceGuard guard(cuda);
+    for (auto& kernel : spec->kernels) function_on(*kernel, cuda.index());
+  }
+  std::lock_guard<std::mutex> lock(table_mutex);
+  auto [entry, added] = table().emplace(key, spec);
+  if (!added && entry->second->digest != digest) refuse("'" + key + "' already names another spec");
+}
+
+// Launches made under `key` so far (-1: none registered).
+int64_t launch_count(const std::string& key) {
+  const std::shared_ptr<Spec> spec = find(key);
+  return spec == nullptr ? -1 : static_cast<int64_t>(spec->launches.load(std::memory_order_relaxed));
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(cuda_agent, CUDA, m) { m.impl("launch", &launch_cuda); }
+
+TORCH_LIBRARY_IMPL(cuda_agent, Meta, m) { m.impl("launch", &launch_meta); }
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.doc() = "cuda_agent::launch's spec table: kernels described as data, launched from C++.";
+  m.def("register_spec", &register_spec, py::arg("key"), py::arg("digest"), py::arg("device"), py::arg("inputs"),
+        py::arg("outputs"), py::arg("kernels"),
+        "Register a spec under `key` and load its kernels on CUDA device `device`. inputs/outputs: "
+        "(sizes, strides, dtype name); kernels: (cubin, name, grid, block, shared_mem, [(kind, value)], alignment).");
+  m.def("launch_count", &launch_count, py::arg("key"), "Launches made under `key` (-1: not registered).");
+}

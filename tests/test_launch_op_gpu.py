@@ -1,0 +1,276 @@
+"""The launch op on a GPU: it computes what the Python launcher computes with the same kernel,
+passes every argument kind intact, launches on the current stream, takes the kernel the inputs'
+alignment allows, raises the shared memory limit, is captured in a CUDA graph and replayed,
+finds a key it does not know through the kernel cache, and runs a pointwise winner in a
+compiled model: through Inductor, under CUDA graphs (mode="reduce-overhead"), and replayed from
+Inductor's graph cache in a new process with no candidate code run."""
+import json
+import os
+import re
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn as nn
+from torch._dynamo.utils import counters
+from torch._inductor.utils import run_and_get_code
+
+from agent_backend import runtime
+from agent_backend.dispatch import Dispatcher
+from agent_backend.env import launch_op
+from agent_backend.env.fast_kernel import load_kernel
+from agent_backend.env.launch_spec import Arg, KernelLaunch, LaunchSpec
+from agent_backend.options import resolve
+from agent_backend.specs import TensorSpec
+from helpers import collect_tasks, put_cached_entry
+from test_compile_gpu import REVERSE_THROUGH_SHARED_SRC
+from skills.pointwise import propose
+
+pytestmark = pytest.mark.gpu
+
+SKILL = Path(__file__).parents[1] / "skills" / "SKILL.md"
+SCALE_ADD = r"""
+extern "C" __global__ void scale_add(const float* x, const float* y, float* out, float a, long long n) {
+    long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) out[i] = a * x[i] + y[i];
+}
+"""
+N = 10_000
+
+
+def _vector(n: int, dtype: str = "float32") -> TensorSpec:
+    return TensorSpec((n,), (1,), dtype, "cuda")
+
+
+def _scale_add_spec(n: int = N) -> LaunchSpec:
+    args = (Arg.input(0), Arg.input(1), Arg.output(0), Arg("f32", 2.0), Arg("i64", n))
+    kernel = KernelLaunch.compile(SCALE_ADD, "scale_add", grid=(n + 255) // 256, block=256, args=args)
+    return LaunchSpec((_vector(n), _vector(n)), (_vector(n),), (kernel,))
+
+
+def _registered(key: str, spec: LaunchSpec) -> str:
+    launch_op.register(key, spec, torch.cuda.current_device())
+    return key
+
+
+def _launcher_result(x, y) -> torch.Tensor:
+    kernel = load_kernel(SCALE_ADD, "scale_add", ["ptr", "ptr", "ptr", "f32", "i64"])
+    out = torch.empty_like(x)
+    kernel.launch((x.numel() + 255) // 256, 256, [x, y, out, 2.0, x.numel()])
+    return out
+
+
+def test_same_result_as_the_python_launcher_and_counted():
+    key = _registered("gpu scale_add", _scale_add_spec())
+    x, y = torch.randn(N, device="cuda"), torch.randn(N, device="cuda")
+    before = launch_op.launch_count(key)
+    (ours,) = torch.ops.cuda_agent.launch.default(key, "", [x, y])
+    assert torch.equal(ours, _launcher_result(x, y))
+    assert launch_op.launch_count(key) == before + 1
+
+
+def test_every_argument_kind_arrives_intact():
+    source = r"""
+    extern "C" __global__ void store(double* out, int a, long long b, float c, double d, const double* p) {
+        out[0] = a; out[1] = (double)b; out[2] = c; out[3] = d; out[4] = p[0];
+    }"""
+    args = (Arg.output(0), Arg("i32", -7), Arg("i64", 2**40 + 3), Arg("f32", 1.5), Arg("f64", 2.0**-30), Arg.input(0))
+    spec = LaunchSpec((_vector(1, "float64"),), (_vector(5, "float64"),),
+                      (KernelLaunch.compile(source, "store", grid=1, block=1, args=args),))
+    key = _registered("gpu store", spec)
+    (out,) = torch.ops.cuda_agent.launch.default(key, "", [torch.full((1,), 7.0, dtype=torch.float64, device="cuda")])
+    assert out.tolist() == [-7.0, float(2**40 + 3), 1.5, 2.0**-30, 7.0]
+
+
+def test_launches_on_the_current_non_default_stream():
+    source = r"""
+    extern "C" __global__ void spin_then_write(const float* x, float* out, long long cycles) {
+        long long start = clock64();
+        while (clock64() - start < cycles) { }
+        out[0] = x[0] + 1.0f;
+    }"""
+    args = (Arg.input(0), Arg.output(0), Arg("i64", 500_000_000))  # a quarter of a second or more
+    spec = LaunchSpec((_vector(1),), (_vector(1),), (KernelLaunch.compile(source, "spin_then_write", grid=1, block=1,
+                                                                         args=args),))
+    key = _registered("gpu spin", spec)
+    x = torch.ones(1, device="cuda")
+    side = torch.cuda.Stream()
+    torch.cuda.synchronize()
+    with torch.cuda.stream(side):
+        (out,) = torch.ops.cuda_agent.launch.default(key, "", [x])
+    assert not side.query(), "the kernel is not on the current stream"
+    assert torch.cuda.default_stream().query(), "the kernel went to the default stream"
+    side.synchronize()
+    assert out.item() == 2.0
+
+
+def test_the_first_kernel_the_alignment_allows_runs():
+    source = r"""extern "C" __global__ void mark(const float* x, float* out, float v) { out[0] = v; }"""
+
+    def marking(value: float, alignment: tuple[int, ...]) -> KernelLaunch:
+        args = (Arg.input(0), Arg.output(0), Arg("f32", value))
+        return KernelLaunch.compile(source, "mark", grid=1, block=1, args=args, alignment=alignment)
+
+    spec = LaunchSpec((_vector(8),), (_vector(1),), (marking(1.0, (16,)), marking(2.0, ())))
+    key = _registered("gpu alignment", spec)
+    base = torch.zeros(9, device="cuda")
+    assert torch.ops.cuda_agent.launch.default(key, "", [base[:8]])[0].item() == 1.0
+    assert torch.ops.cuda_agent.launch.default(key, "", [base[1:]])[0].item() == 2.0  # 4 bytes off
+
+
+def test_large_dynamic_shared_memory():
+    n = 100 * 1024 // 4  # 100 KB: above the 48 KB default limit
+    args = (Arg.input(0), Arg.output(0), Arg("i32", n))
+    spec = LaunchSpec((_vector(n),), (_vector(n),), (KernelLaunch.compile(REVERSE_THROUGH_SHARED_SRC, "reverse", grid=1, block=1024,
+                                                                         args=args, shared_mem=n * 4),))
+    key = _registered("gpu reverse", spec)
+    x = torch.randn(n, device="cuda")
+    assert torch.equal(torch.ops.cuda_agent.launch.default(key, "", [x])[0], x.flip(0))
+
+
+def test_captured_in_a_cuda_graph_and_replayed():
+    key = _registered("gpu graph", _scale_add_spec())
+    x, y = torch.randn(N, device="cuda"), torch.randn(N, device="cuda")
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm up off the default stream, as torch.cuda.graph asks
+        torch.ops.cuda_agent.launch.default(key, "", [x, y])
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        (out,) = torch.ops.cuda_agent.launch.default(key, "", [x, y])
+    launches = launch_op.launch_count(key)
+    for seed in range(3):
+        torch.manual_seed(seed)
+        x.copy_(torch.randn(N, device="cuda"))
+        y.copy_(torch.randn(N, device="cuda"))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(out, _launcher_result(x, y)), f"replay {seed}"
+    assert launch_op.launch_count(key) == launches, "a replay runs the captured kernel, not the op"
+
+
+class Gate(nn.Module):
+    def forward(self, x, y):
+        return torch.tanh(x * 0.5 + y) * torch.sigmoid(y)
+
+
+def _gate_inputs(rows: int, seed: int = 0):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    return [torch.randn(rows, 1024, device="cuda", generator=g) for _ in range(2)]
+
+
+def _gate_winner(rows: int):
+    """The Gate task on (rows, 1024) inputs and the pointwise template's first candidate for it,
+    with its spec. Each test takes its own `rows`, so its winner's key is new to this process."""
+    (task,) = collect_tasks(Gate(), _gate_inputs(rows), backward=False, min_ops=2)
+    candidate = propose(task)[0]
+    namespace: dict = {}
+    exec(compile(candidate.source, candidate.origin, "exec"), namespace)
+    spec = launch_op.spec_of(namespace["ModelNew"])
+    assert spec is not None, "the pointwise template writes launch specs"
+    return task, candidate, spec
+
+
+def test_an_unknown_key_is_found_in_the_kernel_cache(cache_dir):
+    """What a graph replayed by Inductor's cache does on its first call: the launch op hands the
+    key to run_winner, which registers the cached spec (no source runs: this one raises), so the
+    next call stays in C++; a key no cache has runs the task's program."""
+    task, _, spec = _gate_winner(1024)
+    key = put_cached_entry(task, source="raise RuntimeError('the source must not run')\n", device="cuda",
+                           launch_spec=spec)
+    Dispatcher(resolve({})).cache  # opening the cache makes it a source of winners
+    x, y = _gate_inputs(1024)
+    expected = Gate()(x, y)
+    for _ in range(2):
+        (out,) = torch.ops.cuda_agent.launch.default(key, task.program, [x, y])
+        torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
+    assert runtime.registered(key).spec == spec and launch_op.launch_count(key) == 2
+    (out,) = torch.ops.cuda_agent.launch.default("in no cache", task.program, [x, y])
+    torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
+
+
+def test_compiled_model_runs_the_winner_through_the_launch_op(cache_dir):
+    task, candidate, _ = _gate_winner(2048)
+    key = put_cached_entry(task, source=candidate.source, device="cuda")
+    x, y = _gate_inputs(2048)
+    torch._dynamo.reset()
+    with torch.no_grad():
+        out, code = run_and_get_code(torch.compile(Gate(), backend="cuda_agent", options={"mode": "cached"}), x, y)
+    text = "\n".join(code)
+    assert "cuda_agent.launch" in text and "run_winner" not in text
+    torch.testing.assert_close(out, Gate()(x, y), atol=1e-5, rtol=1e-5)
+    winner = runtime.registered(key)
+    assert winner.spec is not None and winner.calls == 1
+
+
+def test_reduce_overhead_captures_the_winner_in_a_cuda_graph(cache_dir, monkeypatch):
+    task, candidate, _ = _gate_winner(3072)
+    key = put_cached_entry(task, source=candidate.source, device="cuda")
+    monkeypatch.setenv("CUDA_AGENT_MODE", "cached")  # torch.compile takes a mode or options, not both
+    torch._dynamo.reset()
+    counters.clear()
+    compiled = torch.compile(Gate(), backend="cuda_agent", mode="reduce-overhead")
+    calls = 6
+    with torch.no_grad():
+        for seed in range(calls):
+            x, y = _gate_inputs(3072, seed)
+            torch.testing.assert_close(compiled(x, y), Gate()(x, y), atol=1e-5, rtol=1e-5, msg=f"call {seed}")
+    assert counters["inductor"]["cudagraph_skips"] == 0
+    assert 1 <= runtime.registered(key).calls < calls, "every call ran the op: no CUDA graph was replayed"
+
+
+# One process: compile Gate on the GPU with the backend (mode "cached"), run it, report.
+RUN = textwrap.dedent('''
+    import json
+    import torch
+    from torch._dynamo.utils import counters
+    from agent_backend import backend, runtime
+
+    class Gate(torch.nn.Module):
+        def forward(self, x, y):
+            return torch.tanh(x * 0.5 + y) * torch.sigmoid(y)
+
+    g = torch.Generator(device="cuda").manual_seed(0)
+    x, y = (torch.randn(4096, 1024, device="cuda", generator=g) for _ in range(2))
+    with torch.no_grad():
+        out = torch.compile(Gate(), backend="cuda_agent", options={"mode": "cached"})(x, y)
+        error = (out - Gate()(x, y)).abs().max().item()
+    print(json.dumps({
+        "hits": counters["inductor"]["fxgraph_cache_hit"], "decisions": [d.reason for r in backend.reports for d in r.decisions],
+        "calls": sum(w.calls for w in runtime._registry.values()), "error": error}))
+''')
+
+
+def test_a_replayed_graph_registers_the_spec_from_the_kernel_cache(cache_dir, tmp_path):
+    """Inductor's graph cache replays the graph in a new process: its launch op finds the spec
+    in the kernel cache; the entry's source raises, so no candidate code ran in either process."""
+    task, _, spec = _gate_winner(4096)  # the shape RUN compiles
+    put_cached_entry(task, source="raise RuntimeError('the source must not run')\n", device="cuda", launch_spec=spec)
+    env = {**os.environ, "CUDA_AGENT_CACHE_DIR": str(cache_dir), "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor"),
+           "TORCHINDUCTOR_FX_GRAPH_CACHE": "1", "TORCHINDUCTOR_AUTOGRAD_CACHE": "1"}
+    runs = []
+    for _ in range(2):
+        done = subprocess.run([sys.executable, "-c", RUN], env=env, capture_output=True, text=True, timeout=600)
+        assert done.returncode == 0, done.stderr[-3000:]
+        runs.append(json.loads(done.stdout.strip().splitlines()[-1]))
+    first, second = runs
+    assert first["decisions"] == ["kernel test"] and first["calls"] == 1 and first["error"] < 1e-5
+    assert second["hits"] == 1 and second["decisions"] == [], "the graph was compiled again"
+    assert second["calls"] == 1 and second["error"] < 1e-5, "the replayed graph did not run the cached spec"
+
+
+def test_skill_example_of_a_launch_spec():
+    text = SKILL.read_text()
+    code = re.search(r"```python\n(.*?)```", text[text.index("<!-- example: launch-spec -->"):], re.S).group(1)
+    namespace: dict = {}
+    exec(compile(code, "SKILL.md example launch-spec", "exec"), namespace)
+    model = namespace["ModelNew"]()
+    assert launch_op.spec_of(namespace["ModelNew"]) is not None
+    a, b = (torch.randn(4096, 1024, device="cuda") for _ in range(2))
+    torch.testing.assert_close(model(a, b), torch.relu(a + b), rtol=0, atol=0)
+    shifted = torch.empty(a.numel() + 1, device="cuda")[1:].view(a.shape).copy_(a)  # 4 bytes off: the scalar kernel
+    torch.testing.assert_close(model(shifted, b), torch.relu(a + b), rtol=0, atol=0)

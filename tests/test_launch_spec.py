@@ -1,0 +1,80 @@
+"""Launch specs as data: what they accept, and that they come back unchanged from JSON and from a
+kernel-cache entry stored on disk."""
+from dataclasses import replace
+
+import pytest
+
+from agent_backend.env.launch_spec import Arg, KernelLaunch, LaunchSpec, read_from_entry, store_in_entry, strip_from_entry
+from agent_backend.specs import TensorSpec
+from cache_helpers import make_test_entry, make_test_key
+from kernel_cache import Entry, KernelCache
+
+X = TensorSpec((33, 70), (70, 1), "float16", "cuda")
+B = TensorSpec((70,), (1,), "float16", "cuda")
+OUT = TensorSpec((33, 70), (70, 1), "bool", "cuda")
+
+
+def _kernel(cubin=b"\x7fELF main", name="k", alignment=(16, 2), **changes) -> KernelLaunch:
+    launch = KernelLaunch(cubin, "sm_90", name, 12, (256, 2), (Arg.input(0), Arg.input(1), Arg.output(0),
+                                                               Arg("i32", -5), Arg("i64", 2**40), Arg("f32", 0.5),
+                                                               Arg("f64", 3)), 1024, alignment)
+    return replace(launch, **changes)
+
+
+def _spec(**changes) -> LaunchSpec:
+    spec = LaunchSpec((X, B), (OUT,), (_kernel(), _kernel(b"\x7fELF fallback", alignment=())))
+    return replace(spec, **changes)
+
+
+def test_launch_shapes_are_normalised():
+    kernel = _kernel()
+    assert kernel.grid == (12, 1, 1) and kernel.block == (256, 2, 1) and kernel.arch == "sm_90"
+    assert kernel.args[-1].value == 3.0 and isinstance(kernel.args[-1].value, float)
+
+
+@pytest.mark.parametrize("make, error", [
+    (lambda: Arg("ptr", 0), "not one of"),
+    (lambda: Arg("i32", 2**31), "out of range"),
+    (lambda: Arg("i64", 1.5), "is an int"),
+    (lambda: Arg("f32", True), "is a number"),
+    (lambda: Arg.input(-1), "out of range"),
+    (lambda: _kernel(grid=0), "grid must be"),
+    (lambda: _kernel(block=(1, 2, 3, 4)), "block must be"),
+    (lambda: _kernel(alignment=(0, 1)), "alignment must be"),
+    (lambda: _kernel(cubin=b""), "cubin"),
+    (lambda: _spec(inputs=()), "at least one input"),
+    (lambda: _spec(kernels=(_kernel(args=(Arg.input(2),)),)), "input 2 does not exist"),
+    (lambda: _spec(kernels=(_kernel(args=(Arg.output(1),)),)), "output 1 does not exist"),
+    (lambda: _spec(kernels=(_kernel(alignment=(16,)),)), "alignment names 1 inputs"),
+])
+def test_bad_specs_are_refused(make, error):
+    with pytest.raises((ValueError, TypeError), match=error):
+        make()
+
+
+def test_json_round_trip_and_digest():
+    spec = _spec()
+    data, binaries = spec.to_json()
+    assert len(binaries) == 2 and all(name.startswith("sm_90:") for name in binaries)
+    again = LaunchSpec.from_json(data, binaries)
+    assert again == spec and again.digest == spec.digest
+    changed = _spec(kernels=(_kernel(b"\x7fELF other"),))
+    assert changed.digest != spec.digest, "the digest covers the binaries"
+    with pytest.raises(ValueError, match="not a launch spec"):
+        LaunchSpec.from_json(data, {})
+
+
+def test_spec_round_trips_through_a_stored_cache_entry(tmp_path):
+    spec = _spec()
+    key = make_test_key()
+    entry = make_test_entry(key, launch={"block": 256})
+    store_in_entry(entry, spec)
+    with KernelCache.open(tmp_path) as cache:
+        cache.put(key, entry)
+    with KernelCache.open(tmp_path) as cache:
+        stored = cache.get(key).entry
+    assert read_from_entry(stored) == spec and stored.launch["block"] == 256
+    assert read_from_entry(Entry.from_json(stored.to_json())) == spec
+    strip_from_entry(stored)
+    assert read_from_entry(stored) is None and stored.launch == {"block": 256}
+    assert set(stored.binaries) == {"sm_90"}, "the spec's binaries go, the entry's others stay"
