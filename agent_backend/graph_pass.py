@@ -7,11 +7,10 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Callable
 
-import torch
 import torch.fx as fx
 from torch._inductor.custom_graph_pass import CustomGraphPass
 
-from . import runtime  # noqa: F401  (registers torch.ops.cuda_agent.run_winner)
+from . import runtime
 from .partition import Group, partition
 from .specs import Task
 from .task import UnsupportedGroup, boundary, extract_task
@@ -21,11 +20,13 @@ log = logging.getLogger("cuda_agent")
 
 @dataclass
 class Decision:
-    """What happened to one subgraph: a winner key to dispatch, or why it stays with Inductor."""
+    """What happened to one subgraph: a winner key to dispatch, or why it stays with Inductor;
+    `gate`: the gate's numbers where it timed the task (gate.Verdict.to_json)."""
 
     task: Task | None
     winner_key: str | None
     reason: str
+    gate: dict | None = None
 
 
 @dataclass
@@ -42,12 +43,13 @@ class GraphReport:
 
 
 def rewrite(graph: fx.Graph, group: Group, key: str, program: str) -> None:
-    """Replace the group's nodes with one run_winner call and getitems for its outputs."""
+    """Replace the group's nodes with one call of the winner's op (runtime.op_for) and getitems
+    for its outputs."""
     members = set(group.nodes)
     inputs, outputs = boundary(group)
     last = group.nodes[-1]
     with graph.inserting_after(last):
-        call = graph.call_function(torch.ops.cuda_agent.run_winner.default, (key, program, inputs))
+        call = graph.call_function(runtime.op_for(key), (key, program, inputs))
     call.meta["val"] = [o.meta["val"] for o in outputs]
     anchor = call
     for i, out in enumerate(outputs):
@@ -66,11 +68,12 @@ class SubgraphPass(CustomGraphPass):
     unknown), for Inductor's FX graph cache."""
 
     def __init__(self, decide: Callable[[Task], Decision], min_ops: int, reports: list[GraphReport],
-                 identity: Callable[[], str | None] = lambda: None):
+                 identity: Callable[[], str | None] = lambda: None, progress=None):
         self.decide = decide
         self.min_ops = min_ops
         self.reports = reports
         self.identity = identity
+        self.progress = progress  # a progress.SearchProgress, told which subgraph is being decided
 
     def __call__(self, graph: fx.Graph) -> None:
         report = GraphReport(graph_index=len(self.reports))
@@ -81,13 +84,18 @@ class SubgraphPass(CustomGraphPass):
             log.warning("cuda_agent: could not partition graph %d (%s: %s); Inductor compiles it as is",
                         report.graph_index, type(e).__name__, e, exc_info=True)
             return
+        groups = [g for g in groups if g.op_count() >= self.min_ops]
+        if self.progress:
+            self.progress.start_graph(report.graph_index, len(groups))
         for group in groups:
-            if group.op_count() < self.min_ops:
-                continue
+            if self.progress:
+                self.progress.next_subgraph()
             decision = self._decision(group)
             report.decisions.append(decision)
             if decision.winner_key:
                 rewrite(graph, group, decision.winner_key, decision.task.program)
+        if self.progress:
+            self.progress.end_graph()
         graph.lint()
         log.info(report.summary())
 

@@ -4,10 +4,10 @@ One pure function, `classify`, says who may claim a node and, if nobody, why not
 then grown greedily. First the patterns where a rewrite can remove work claim their nodes whole:
 attention written by hand (batched matmul, scale, mask, softmax, batched matmul) and a matmul
 whose output is summed or averaged. Then an anchor (matmul, conv, reduction) takes its pointwise
-prologue and epilogue, reductions over the same rows fuse with the pointwise work between them
-(softmax, norms), and chains of the pointwise nodes left over form groups. Every group is checked
-to be convex (no path leaves it and comes back), so replacing it with one call can never make a
-cycle.
+prologue and epilogue (a reduction also the views its epilogue goes on through), reductions over
+the same rows fuse with the pointwise work between them (softmax, norms), and chains of the
+pointwise nodes left over form groups. Every group is checked to be convex (no path leaves it and
+comes back), so replacing it with one call can never make a cycle.
 """
 from __future__ import annotations
 
@@ -37,6 +37,7 @@ VIEW_OPS = {
 }
 ANCHOR_KINDS = ("matmul", "conv", "reduction", "softmax", "norm")
 # Reductions a matmul's output may flow into, for a rewrite to fold into a matrix-vector product.
+RESHAPE_OPS = {aten.view.default, aten.reshape.default, aten._unsafe_view.default}
 LINEAR_REDUCTION_OPS = {aten.sum.dim_IntList, aten.sum.default, aten.mean.dim, aten.mean.default}
 # Groups larger than this become tasks too big for any template or model answer.
 MAX_GROUP_NODES = 48
@@ -218,6 +219,11 @@ class _Partitioner:
         return self.kind(node) in ("pointwise", "getitem") or (
             self.kind(node) == "reduction" and _is_trivial_reduction(node))
 
+    def reshaped_epilogue(self, node: fx.Node) -> bool:
+        """A reshape whose result goes on to pointwise work, as in a Linear on 3-D input (addmm,
+        view, gelu): the pointwise work is the product's epilogue all the same."""
+        return node.target in RESHAPE_OPS and any(self.kind(u) == "pointwise" for u in node.users)
+
     def add_group(self, kind: str, members: set) -> None:
         group = Group(nodes=sorted(members, key=self.g.pos.get), kind=kind)
         for n in group.nodes:
@@ -283,9 +289,14 @@ class _Partitioner:
     def anchor(self, node: fx.Node, kind: str) -> None:
         rows = _reduced_rows(node) if kind == "reduction" else None
         members = {node}
-        self.grow(members, lambda u: self.pointwise_epilogue(u) or (
-            self.kind(u) == "reduction" and rows is not None and _reduced_rows(u) == rows))
+        self.grow(members, lambda u: self.pointwise_epilogue(u) or (kind == "matmul" and self.reshaped_epilogue(u)) or (
+            rows is not None and ((self.kind(u) == "reduction" and _reduced_rows(u) == rows) or self.view_to_pointwise(u))))
         self.add_group(kind, members)
+
+    def view_to_pointwise(self, node: fx.Node) -> bool:
+        """A view whose users are all pointwise: in a reduction's epilogue it leads on to them
+        (logsumexp squeezes its max before adding it to the log of the sum)."""
+        return self.kind(node) == "view" and bool(node.users) and all(self.kind(u) == "pointwise" for u in node.users)
 
     def pointwise_chain(self, node: fx.Node) -> None:
         members, frontier = {node}, [node]

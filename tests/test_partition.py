@@ -65,3 +65,13 @@ def test_classify_says_why_not():
     reasons = {n.target._opname: classify(n) for n in g.nodes if n.op == "call_function"}
     assert reasons["rand_like"].kind is None and "random" in reasons["rand_like"].reason
     assert any(c.kind is None and "int64" in c.reason for c in reasons.values())
+
+
+def test_logsumexp_is_one_group_through_the_view_of_its_max():
+    def logsumexp(x):  # as the decomposition writes it: the max is squeezed before the final add
+        m = x.amax(-1, keepdim=True)
+        m = torch.where(m.abs() == float("inf"), 0.0, m)
+        return torch.log(torch.exp(x - m).sum(-1)) + m.squeeze(-1)
+    groups = partition(_graph(logsumexp, torch.randn(4, 16)))
+    assert len(groups) == 1 and groups[0].kind == "reduction"
+    assert {"amax", "sum", "log", "squeeze", "add"} <= set(_ops(groups[0]))

@@ -1,0 +1,231 @@
+"""RowPlan -> Candidates: a handful of launch shapes worth trying, each as a ModelNew program."""
+from __future__ import annotations
+
+import math
+import string
+
+from agent_backend.specs import Candidate
+from skills.pointwise.errors import Unsupported
+
+from .codegen import Launch, buffer_bytes, is_vector_access, grid_blocks, kernel_source, shared_bytes, vectors_per_thread
+from .plan import RowPlan
+
+TYPICAL_SM_COUNT = 132     # H100/H200: to spread few rows over enough blocks
+REGISTER_WORDS = 32        # 32-bit registers a thread may spend on its part of the on-chip rows
+SHARED_BYTES = 200 * 1024  # dynamic shared memory a block may spend on them (227 KB on sm_90)
+MAX_CLUSTER = 8            # the portable thread-block cluster size
+MAX_BLOCK = 1024
+
+
+def _pow2_at_least(n: int) -> int:
+    return 1 << max(0, math.ceil(math.log2(max(n, 1))))
+
+
+def _words(plan: RowPlan, launch: Launch) -> float:
+    """Registers a thread holds its part of the stored rows in."""
+    per_vector = sum(buffer_bytes(plan, k, launch.width) for k in plan.stored) / 4
+    return vectors_per_thread(plan, launch) * per_vector
+
+
+def _rows_per_block(plan: RowPlan, threads: int) -> int:
+    """Up to 128 threads a block (at least a warp), fewer rows a block while that leaves
+    blocks for every SM."""
+    if threads >= 128:
+        return 1
+    rows, least = 128 // threads, max(1, 32 // threads)
+    while rows > least and -(-plan.rows // rows) < TYPICAL_SM_COUNT:
+        rows //= 2
+    return rows
+
+
+def launch_configs(plan: RowPlan) -> list[Launch]:
+    """The launch shapes to try for `plan` (at most 6), or Unsupported if none fits."""
+    configs = _along_rows(plan) if plan.along_rows else _across_rows(plan)
+    unique = list(dict.fromkeys(configs))
+    if not unique:
+        raise Unsupported(f"rows of {plan.row_length} elements do not fit on chip "
+                          f"(even across a cluster of {MAX_CLUSTER} blocks)")
+    return unique[:6]
+
+
+def _along_rows(plan: RowPlan) -> list[Launch]:
+    width = plan.vector_width
+    vectors = plan.row_length // width
+    widths = [1 << k for k in range(11) if 1 << k <= min(MAX_BLOCK, _pow2_at_least(vectors))]
+    shapes = [Launch(t, _rows_per_block(plan, t), width) for t in widths]
+    if not plan.stored:  # one sweep, nothing held: the fewest threads with at most 8 or 2 vectors each
+        configs = [next(c for c in shapes if vectors_per_thread(plan, c) <= per_thread or c.threads == MAX_BLOCK)
+                   for per_thread in (8, 2)]
+        cluster = 1
+        while (cluster < MAX_CLUSTER and plan.rows * cluster * 2 <= TYPICAL_SM_COUNT
+               and vectors >= MAX_BLOCK * cluster * 2 * 4):
+            cluster *= 2
+        if cluster > 1:
+            configs.append(Launch(MAX_BLOCK, 1, width, "registers", cluster))
+        return configs
+    # the fewest threads whose part of the row fits in registers, and twice and four times as many
+    configs = [c for c in shapes if _words(plan, c) <= REGISTER_WORDS][:3]
+    if vectors >= 2 * MAX_BLOCK:  # long rows: a block each, in shared memory, or a cluster each
+        whole = Launch(MAX_BLOCK, 1, width, "shared")
+        if shared_bytes(plan, whole) <= SHARED_BYTES:
+            configs.append(whole)
+        for storage, fits in (("registers", lambda c: _words(plan, c) <= REGISTER_WORDS),
+                              ("shared", lambda c: shared_bytes(plan, c) <= SHARED_BYTES)):
+            cluster = 2
+            while cluster <= MAX_CLUSTER:
+                c = Launch(MAX_BLOCK, 1, width, storage, cluster)
+                if fits(c) and (plan.rows * cluster <= 2 * TYPICAL_SM_COUNT or not configs):
+                    configs.append(c)
+                    break
+                cluster *= 2
+    return configs
+
+
+def _across_rows(plan: RowPlan) -> list[Launch]:
+    """Threads along consecutive rows (a warp's accesses are then contiguous), a few threads
+    along each row: as many as give each thread about 32, 8 or 2 elements (at most 32)."""
+    configs = []
+    for per_thread in (32, 8, 2):
+        threads = min(32, _pow2_at_least(-(-plan.row_length // per_thread)))
+        rows = max(32, 256 // threads)
+        while rows > 32 and -(-plan.rows // rows) < TYPICAL_SM_COUNT:
+            rows //= 2
+        c = Launch(threads, rows)
+        if _words(plan, c) <= REGISTER_WORDS:
+            configs.append(c)
+    return configs
+
+
+def tag(plan: RowPlan, launch: Launch) -> str:
+    if not plan.along_rows:
+        return f"y{launch.threads}r{launch.rows}"
+    return (f"t{launch.threads}r{launch.rows}v{launch.width}"
+            + ("s" if launch.storage == "shared" and plan.stored else "")
+            + (f"c{launch.cluster}" if launch.cluster > 1 else ""))
+
+
+def propose_candidates(plan: RowPlan) -> list[Candidate]:
+    return [Candidate(model_source(plan, c), f"builtin:rows:{tag(plan, c)}",
+                      {"threads": c.threads, "rows": c.rows, "vector_width": c.width, "storage": c.storage,
+                       "cluster": c.cluster, "along_rows": plan.along_rows})
+            for c in launch_configs(plan)]
+
+
+_HEADER = '''\
+# builtin:rows:$tag - one row-reduction kernel, specialised to these signatures$how.
+INPUTS = $inputs  # (shape, stride, dtype) of each input
+OUTPUTS = $outputs
+KERNEL_NAME = "$name"
+
+MAIN_SOURCE = r\'\'\'$main_source\'\'\'
+MAIN_LAUNCH = $main_launch  # (grid, block, dynamic shared memory$cluster_note)
+# Bytes each input's data pointer must be a multiple of for MAIN's vector loads; where one is
+# not, FALLBACK (the same computation, one element per access) runs instead.
+MAIN_ALIGNMENT = $alignment
+FALLBACK_SOURCE = $fallback_source
+FALLBACK_LAUNCH = $fallback_launch
+'''
+
+# The usual program: a launch spec, run by the C++ launch op (no Python per call).
+_SPEC_MODEL = string.Template('''\
+import torch
+
+from agent_backend.env.launch_op import launch_spec_model
+from agent_backend.env.launch_spec import Arg, KernelLaunch, LaunchSpec
+from agent_backend.specs import TensorSpec
+
+''' + _HEADER + '''ARGS = [Arg.input(k) for k in range(len(INPUTS))] + [Arg.output(k) for k in range(len(OUTPUTS))]
+
+
+def _launch(source, launch, alignment=()):
+    grid, block, shared = launch
+    return KernelLaunch.compile(source, KERNEL_NAME, grid=grid, block=block, args=ARGS, shared_mem=shared,
+                                alignment=alignment)
+
+
+KERNELS = [_launch(MAIN_SOURCE, MAIN_LAUNCH, MAIN_ALIGNMENT)]
+if FALLBACK_SOURCE:
+    KERNELS.append(_launch(FALLBACK_SOURCE, FALLBACK_LAUNCH))
+ModelNew = launch_spec_model(LaunchSpec(inputs=[TensorSpec(*s, "cuda") for s in INPUTS],
+                                        outputs=[TensorSpec(*s, "cuda") for s in OUTPUTS], kernels=KERNELS))
+''')
+
+# A cluster launch, which launch specs do not describe: Kernel.launch(..., cluster=C) from
+# Python (its host time is small beside the long rows clusters are for).
+_CLUSTER_MODEL = string.Template('''\
+import functools
+
+import torch
+import torch.nn as nn
+
+from agent_backend.env.fast_kernel import load_kernel
+
+''' + _HEADER + '''ARG_TYPES = ["ptr"] * (len(INPUTS) + len(OUTPUTS))
+DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16, "bool": torch.bool}
+
+_main = load_kernel(MAIN_SOURCE, KERNEL_NAME, ARG_TYPES)
+
+
+@functools.lru_cache(maxsize=None)
+def _fallback():
+    return load_kernel(FALLBACK_SOURCE, KERNEL_NAME, ARG_TYPES)
+
+
+def _check(inputs):
+    device = inputs[0].device
+    for k, (t, (shape, stride, dtype)) in enumerate(zip(inputs, INPUTS)):
+        if (t.device.type != "cuda" or t.device != device or t.dtype != DTYPES[dtype] or tuple(t.shape) != shape
+                or any(a != b for n, a, b in zip(shape, t.stride(), stride) if n != 1)):
+            raise ValueError(
+                f"input {k}: this kernel is specialised to CUDA tensors (all on one device) of shape "
+                f"{shape}, stride {stride}, dtype {dtype}; got {t.device} {tuple(t.shape)} {t.stride()} {t.dtype}")
+
+
+class ModelNew(nn.Module):
+    def forward(self, *inputs):
+        _check(inputs)
+        device = inputs[0].device
+        outputs = [torch.empty_strided(shape, stride, dtype=DTYPES[dtype], device=device)
+                   for shape, stride, dtype in OUTPUTS]
+        if all(t.data_ptr() % a == 0 for t, a in zip(inputs, MAIN_ALIGNMENT)):
+            kernel, (grid, block, shared, cluster) = _main, MAIN_LAUNCH
+        else:
+            kernel, (grid, block, shared, cluster) = _fallback(), FALLBACK_LAUNCH
+        kernel.launch(grid, block, [*inputs, *outputs], shared, cluster)
+        return outputs[0] if len(outputs) == 1 else tuple(outputs)
+''')
+
+
+def launch_arguments(plan: RowPlan, launch: Launch) -> tuple:
+    """(grid, block, dynamic shared memory), and the cluster size for a cluster launch."""
+    block = (launch.threads * launch.rows,) if plan.along_rows else (launch.rows, launch.threads)
+    arguments = (grid_blocks(plan, launch), block, shared_bytes(plan, launch))
+    return arguments + (launch.cluster,) if launch.cluster > 1 else arguments
+
+
+def model_source(plan: RowPlan, launch: Launch) -> str:
+    """KernelBench-style program whose ModelNew runs `plan` with `launch` (a launch spec, or for
+    a cluster a Python launch), compiled for the current GPU at import."""
+    name = f"rows_{tag(plan, launch)}"
+    scalar = Launch(launch.threads, launch.rows, 1, launch.storage, launch.cluster)
+    fallback = kernel_source(plan, name, scalar) if launch.width > 1 else None
+    alignment = [1] * len(plan.inputs)
+    for k, a in enumerate(plan.accesses):
+        if not a.per_row and is_vector_access(plan, k, launch.width):
+            itemsize = plan.inputs[a.input].torch_dtype.itemsize
+            alignment[a.input] = max(alignment[a.input], launch.width * itemsize)
+    clustered = launch.cluster > 1
+    template = _CLUSTER_MODEL if clustered else _SPEC_MODEL
+    return template.substitute(
+        tag=tag(plan, launch), name=name,
+        how=f", a cluster of {launch.cluster} blocks a row" if clustered else " and run by the C++ launch op",
+        cluster_note=", cluster" if clustered else "",
+        inputs=_signatures(plan.inputs), outputs=_signatures(o.spec for o in plan.outputs),
+        main_source=kernel_source(plan, name, launch), main_launch=launch_arguments(plan, launch),
+        alignment=tuple(alignment),
+        fallback_source=f"r'''{fallback}'''" if fallback else None,
+        fallback_launch=launch_arguments(plan, scalar) if fallback else None)
+
+
+def _signatures(specs) -> str:
+    return "[" + ", ".join(f"({s.shape}, {s.stride}, {s.dtype!r})" for s in specs) + "]"

@@ -1,0 +1,365 @@
+"""RowPlan + launch shape -> the CUDA C source of one row kernel.
+
+A row is taken by `threads` threads (a sub-warp, a warp or several warps), `rows` rows a block,
+or, for long rows, by a cluster of `cluster` blocks, each taking one slice of it. Thread t reads
+the vectors t, t + threads, ... of its slice (`width` elements each), so a warp's accesses are
+contiguous. Inputs read by more than one pass are loaded once, into registers (`storage`
+"registers": a fully unrolled array) or shared memory ("shared"), and every pass works on that
+copy; inputs read by one pass only are read from global memory there. After each pass the
+partial results are combined across the row's threads: warp shuffles, then shared memory across
+the warps of a row, then distributed shared memory across the blocks of a cluster; every thread
+combines in the same order, so all hold the same per-row values.
+
+Plans whose rows are not contiguous but whose consecutive rows are (a reduction over dim 1 of
+(B, C, L)) get the "across rows" kernel: a block of rows x threads threads, threadIdx.x running
+over consecutive rows (so a warp's accesses are contiguous), threadIdx.y over the elements of
+each row; partials combine through shared memory.
+
+Sizes and strides are constants in the source; the kernel takes only pointers: inputs, then
+outputs. No thread returns early: out-of-range rows only skip their loads and stores, so every
+thread reaches every barrier.
+"""
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+
+from skills.pointwise.codegen import CONVERSIONS
+from skills.pointwise.dtypes import dtype_info
+from skills.pointwise.ops import DEVICE_FUNCTIONS
+
+from .plan import IDENTITY, Partial, Pass, RowPlan
+
+# Sums accumulate in double: a mean of values that cancel is then exact to the final rounding,
+# never less accurate than the reference's fp32 sums (the verifier allows twice its error).
+# H100/H200 add doubles at half the fp32 rate, far above what a memory-bound row needs.
+ACCUMULATOR = {"sum": "double", "max": "float", "min": "float"}
+COMBINE = {"sum": "({a} + {b})", "max": "pw_maximum({a}, {b})", "min": "pw_minimum({a}, {b})"}
+WARP = 32
+
+
+@dataclass(frozen=True)
+class Launch:
+    threads: int            # threads per row: a power of two
+    rows: int = 1           # rows per block
+    width: int = 1          # elements per access (1, or a width dividing plan.vector_width)
+    storage: str = "registers"  # where inputs read by several passes are kept: "registers" or "shared"
+    cluster: int = 1        # blocks per row (a thread-block cluster); the row is split into slices
+
+    @property
+    def block(self) -> int:
+        return self.threads * self.rows
+
+
+def slice_vectors(plan: RowPlan, launch: Launch) -> int:
+    """Vectors of one row each block of a cluster takes."""
+    return -(-(plan.row_length // launch.width) // launch.cluster)
+
+
+def vectors_per_thread(plan: RowPlan, launch: Launch) -> int:
+    return -(-slice_vectors(plan, launch) // launch.threads)
+
+
+def grid_blocks(plan: RowPlan, launch: Launch) -> int:
+    return -(-plan.rows // launch.rows) * launch.cluster
+
+
+def shared_bytes(plan: RowPlan, launch: Launch) -> int:
+    """Dynamic shared memory the kernel needs (the on-chip copy of its rows, when shared)."""
+    if launch.storage != "shared":
+        return 0
+    return sum(_round16(vectors_per_thread(plan, launch) * launch.block * buffer_bytes(plan, k, launch.width))
+               for k in plan.stored)
+
+
+def kernel_source(plan: RowPlan, name: str, launch: Launch) -> str:
+    return _Writer(plan, launch).source(name)
+
+
+def _round16(n: int) -> int:
+    return -(-n // 16) * 16
+
+
+def is_vector_access(plan: RowPlan, k: int, width: int) -> bool:
+    """Access k is read `width` elements at a time; else one element stands for the vector."""
+    return width > 1 and plan.accesses[k].inner[-1] != 0
+
+
+def buffer_bytes(plan: RowPlan, k: int, width: int) -> int:
+    itemsize = plan.inputs[plan.accesses[k].input].torch_dtype.itemsize
+    return itemsize * (width if is_vector_access(plan, k, width) else 1)
+
+
+class _Writer:
+    def __init__(self, plan: RowPlan, launch: Launch):
+        if launch.width > 1 and (plan.vector_width % launch.width or not plan.along_rows):
+            raise ValueError(f"width {launch.width} does not divide the plan's vector width {plan.vector_width}")
+        if launch.cluster > 1 and (launch.rows != 1 or not plan.along_rows):
+            raise ValueError("a cluster takes one row, along it")
+        if launch.storage == "shared" and not plan.along_rows:
+            raise ValueError("rows are held in shared memory only along rows")
+        self.plan, self.launch = plan, launch
+        self.V, self.T, self.R, self.C = launch.width, launch.threads, launch.rows, launch.cluster
+        self.E = vectors_per_thread(plan, launch)
+        self.SV = slice_vectors(plan, launch)
+        self.NV = plan.row_length // launch.width
+        self.partial_index = {p.acc: i for i, p in enumerate(p for ps in plan.passes for p in ps.partials)}
+
+    # -- the kernel ------------------------------------------------------------------------
+    def source(self, name: str) -> str:
+        plan = self.plan
+        params = ([f"const {dtype_info(s.torch_dtype).storage}* __restrict__ in{k}" for k, s in enumerate(plan.inputs)]
+                  + [f"{dtype_info(o.spec.torch_dtype).storage}* __restrict__ out{k}" for k, o in enumerate(plan.outputs)])
+        lines = self._thread_index() + self._bases() + self._row_reads() + list(plan.prelude) + self._load_stored()
+        for p in plan.passes:
+            lines += self._pass(p)
+        if self._element_outputs():
+            lines += self._epilogue()
+        lines += self._row_stores()
+        if self.C > 1:  # no block may leave while another still reads its shared memory
+            lines.append("cluster.sync();")
+        lines = _drop_unused(lines, ["t", "slot"])
+        include = "#include <cooperative_groups.h>\nnamespace cg = cooperative_groups;\n" if self.C > 1 else ""
+        return f"""{include}{CONVERSIONS}
+{DEVICE_FUNCTIONS}
+
+typedef {"long long" if plan.wide_index else "int"} idx_t;
+
+extern "C" __global__ void __launch_bounds__({self.launch.block}) {name}({", ".join(params)}) {{
+{_indent(lines, 2)}
+}}
+"""
+
+    def _thread_index(self) -> list[str]:
+        """t: the thread's place in its row; slot: its row in the block; row: the row index."""
+        if not self.plan.along_rows:
+            lines = ["const int t = threadIdx.y;", "const int slot = threadIdx.x;",
+                     f"const idx_t row = (idx_t)blockIdx.x * {self.R} + slot;"]
+        elif self.R == 1:
+            lines = ["const int t = threadIdx.x;", "const int slot = 0;",
+                     f"const idx_t row = (idx_t)blockIdx.x{f' / {self.C}' if self.C > 1 else ''};"]
+        else:
+            lines = [f"const int t = threadIdx.x % {self.T};", f"const int slot = threadIdx.x / {self.T};",
+                     f"const idx_t row = (idx_t)blockIdx.x * {self.R} + slot;"]
+        if self.C > 1:
+            lines += ["cg::cluster_group cluster = cg::this_cluster();",
+                      "const idx_t slice0 = (idx_t)cluster.block_rank() * " + str(self.SV) + ";"]
+        lines.append(f"const bool row_ok = row < {self.plan.rows};")
+        return lines
+
+    def _bases(self) -> list[str]:
+        """Each operand's offset of the row's first element."""
+        plan = self.plan
+        operands = [a.outer for a in plan.accesses] + [o.outer for o in plan.outputs]
+        lines = []
+        for d, size in enumerate(plan.outer):
+            if all(st[d] == 0 for st in operands):
+                continue
+            inner = math.prod(plan.outer[d + 1:])
+            coord = "row" if inner == 1 else f"(row / {inner})"
+            lines.append(f"const idx_t o{d} = {coord if d == 0 else f'{coord} % {size}'};")
+        lines += [f"const idx_t a{k}_base = {_dot('o', a.outer)};" for k, a in enumerate(plan.accesses)]
+        lines += [f"const idx_t out{k}_base = {_dot('o', o.outer)};" for k, o in enumerate(plan.outputs)]
+        return lines
+
+    def _row_reads(self) -> list[str]:
+        lines = []
+        for k, a in enumerate(self.plan.accesses):
+            if a.per_row:
+                info = dtype_info(self.plan.inputs[a.input].torch_dtype)
+                lines.append(f"const {info.ctype} a{k} = row_ok ? {info.load.format(f'in{a.input}[a{k}_base]')} "
+                             f": ({info.ctype})0;")
+        return lines
+
+    # -- sweeps over the row -------------------------------------------------------------------
+    def _offset(self, inner: tuple[int, ...], index: str) -> str:
+        """Offset of element `index` of the row along strides `inner` (over plan.inner)."""
+        terms = []
+        for d, (size, st) in enumerate(zip(self.plan.inner, inner)):
+            if st == 0:
+                continue
+            below = math.prod(self.plan.inner[d + 1:])
+            coord = index if below == 1 else f"({index} / {below})"
+            if d > 0:
+                coord = f"({coord} % {size})"
+            terms.append(coord if st == 1 else f"{coord} * {st}")
+        return " + ".join(terms) or "0"
+
+    def _buffer(self, k: int) -> str:
+        if self.launch.storage == "shared":
+            return f"buf{k}[e * {self.launch.block} + threadIdx.x]"
+        return f"buf{k}[e]"
+
+    def _global_read(self, k: int) -> str:
+        """The vector (or element) of access k at the element j0."""
+        a = self.plan.accesses[k]
+        address = f"in{a.input} + a{k}_base + {self._offset(a.inner, 'j0')}"
+        if is_vector_access(self.plan, k, self.V):
+            storage = dtype_info(self.plan.inputs[a.input].torch_dtype).storage
+            return f"*reinterpret_cast<const Vec<{storage}, {self.V}>*>({address})"
+        return f"*({address})"
+
+    def _element(self, k: int, holder: str) -> str:
+        """Access k's value at lane v of the vector in `holder`, in its compute type."""
+        info = dtype_info(self.plan.inputs[self.plan.accesses[k].input].torch_dtype)
+        return info.load.format(f"{holder}.v[v]" if is_vector_access(self.plan, k, self.V) else holder)
+
+    def _load_stored(self) -> list[str]:
+        plan = self.plan
+        if not plan.stored:
+            return []
+        lines = []
+        offset = 0
+        for k in plan.stored:
+            kind = self._buffer_type(k)
+            if self.launch.storage == "shared":
+                if offset == 0:
+                    lines.append("extern __shared__ __align__(16) unsigned char rows_smem[];")
+                lines.append(f"{kind}* buf{k} = reinterpret_cast<{kind}*>(rows_smem + {offset});")
+                offset += _round16(self.E * self.launch.block * buffer_bytes(plan, k, self.V))
+            else:
+                lines.append(f"{kind} buf{k}[{self.E}];")
+        body = [f"{self._buffer(k)} = {self._global_read(k)};" for k in plan.stored]
+        return lines + self._loop(body)
+
+    def _buffer_type(self, k: int) -> str:
+        storage = dtype_info(self.plan.inputs[self.plan.accesses[k].input].torch_dtype).storage
+        return f"Vec<{storage}, {self.V}>" if is_vector_access(self.plan, k, self.V) else storage
+
+    def _loop(self, body: list[str]) -> list[str]:
+        """`body` for every vector of the thread's slice of the row, with j0 its first element."""
+        unroll = "#pragma unroll" if self.launch.storage == "registers" and self.plan.stored else "#pragma unroll 4"
+        q = "(slice0 + s)" if self.C > 1 else "s"
+        bounds = ["row_ok"] + ([f"s < {self.SV}"] if self.SV % self.T else [])
+        if self.C > 1 and self.SV * self.C != self.NV:
+            bounds.append(f"{q} < {self.NV}")
+        first = [f"const idx_t j0 = {q} * {self.V};"] if any("j0" in line for line in body) else []
+        index = [f"  const idx_t s = (idx_t)e * {self.T} + t;"] if first or len(bounds) > 1 else []
+        return ([unroll, f"for (int e = 0; e < {self.E}; ++e) {{"] + index + [f"  if ({' && '.join(bounds)}) {{"]
+                + ["    " + line for line in first + body] + ["  }", "}"])
+
+    def _sweep(self, work: Pass, per_element_end: list[str], before: list[str] = (),
+               per_vector_end: list[str] = ()) -> list[str]:
+        """A loop over the thread's vectors: read `work.reads`, run `before`, then per element
+        `work.body` and `per_element_end`, then `per_vector_end`."""
+        reads = [f"const {self._buffer_type(k)} l{k} = {self._global_read(k)};"
+                 for k in work.reads if k not in self.plan.stored]
+        elements = [f"const {dtype_info(self.plan.inputs[self.plan.accesses[k].input].torch_dtype).ctype} a{k} = "
+                    f"{self._element(k, self._buffer(k) if k in self.plan.stored else f'l{k}')};"
+                    for k in work.reads]
+        inner = elements + list(work.body) + list(per_element_end)
+        body = (reads + list(before) + ["#pragma unroll", f"for (int v = 0; v < {self.V}; ++v) {{"]
+                + ["  " + line for line in inner] + ["}"] + list(per_vector_end))
+        return self._loop(body)
+
+    def _pass(self, work: Pass) -> list[str]:
+        lines = [f"{ACCUMULATOR[p.combine]} {p.acc} = {IDENTITY[p.combine]};" for p in work.partials]
+        lines += self._sweep(work, [f"{p.acc} = {COMBINE[p.combine].format(a=p.acc, b=_operand(p))};"
+                                    for p in work.partials])
+        lines += self._combine(work)
+        return lines + list(work.after)
+
+    # -- combining partials across the threads of a row -----------------------------------------
+    def _combine(self, work: Pass) -> list[str]:
+        partials = work.partials
+        if not self.plan.along_rows:
+            return self._combine_across_rows(work)
+        lines = []
+        lanes = min(self.T, WARP)
+        if lanes > 1:
+            lines += [f"#pragma unroll", f"for (int m = {lanes // 2}; m > 0; m >>= 1) {{"]
+            lines += [f"  {p.acc} = {COMBINE[p.combine].format(a=p.acc, b=f'__shfl_xor_sync(0xffffffffu, {p.acc}, m)')};"
+                      for p in partials] + ["}"]
+        if self.T > WARP:
+            warps = self.T // WARP
+            for p in partials:
+                i = self.partial_index[p.acc]
+                lines.append(f"__shared__ {ACCUMULATOR[p.combine]} red{i}[{self.R}][{warps}];")
+                lines.append(f"if (t % {WARP} == 0) red{i}[slot][t / {WARP}] = {p.acc};")
+            lines.append("__syncthreads();")
+            for p in partials:
+                i = self.partial_index[p.acc]
+                lines += _fold(p, f"red{i}[slot][0]", "w", warps, f"red{i}[slot][w]")
+        if self.C > 1:
+            for p in partials:
+                i = self.partial_index[p.acc]
+                lines.append(f"__shared__ {ACCUMULATOR[p.combine]} cred{i};")
+                lines.append(f"if (t == 0) cred{i} = {p.acc};")
+            lines.append("cluster.sync();")
+            for p in partials:
+                i = self.partial_index[p.acc]
+                lines += _fold(p, f"*cluster.map_shared_rank(&cred{i}, 0)", "c", self.C,
+                               f"*cluster.map_shared_rank(&cred{i}, c)")
+        return lines
+
+    def _combine_across_rows(self, work: Pass) -> list[str]:
+        if self.T == 1:
+            return []
+        lines = []
+        for p in work.partials:
+            i = self.partial_index[p.acc]
+            lines.append(f"__shared__ {ACCUMULATOR[p.combine]} red{i}[{self.T}][{self.R}];")
+            lines.append(f"red{i}[t][slot] = {p.acc};")
+        lines.append("__syncthreads();")
+        for p in work.partials:
+            i = self.partial_index[p.acc]
+            lines += _fold(p, f"red{i}[0][slot]", "y", self.T, f"red{i}[y][slot]")
+        return lines
+
+    # -- outputs -----------------------------------------------------------------------------
+    def _element_outputs(self) -> list[int]:
+        return [k for k, o in enumerate(self.plan.outputs) if not o.per_row]
+
+    def _epilogue(self) -> list[str]:
+        """Element outputs: each vector's elements computed into a register vector, then written."""
+        declare, assign, write = [], [], []
+        for k in self._element_outputs():
+            o = self.plan.outputs[k]
+            info = dtype_info(o.spec.torch_dtype)
+            vec = f"Vec<{info.storage}, {self.V}>"
+            declare.append(f"{vec} y{k};")
+            assign.append(f"y{k}.v[v] = {info.store.format(o.value)};")
+            write.append(f"*reinterpret_cast<{vec}*>(out{k} + out{k}_base + {self._offset(o.inner, 'j0')}) = y{k};")
+        return self._sweep(self.plan.epilogue, assign, declare, write)
+
+    def _row_stores(self) -> list[str]:
+        stores = []
+        for k, o in enumerate(self.plan.outputs):
+            if o.per_row:
+                info = dtype_info(o.spec.torch_dtype)
+                stores.append(f"out{k}[out{k}_base] = {info.store.format(o.value)};")
+        if not stores:
+            return []
+        first = "t == 0" + (" && cluster.block_rank() == 0" if self.C > 1 else "")
+        return [f"if (row_ok && {first}) {{"] + ["  " + s for s in stores] + ["}"]
+
+
+def _fold(p: Partial, first: str, index: str, count: int, item: str) -> list[str]:
+    """p.acc = the combination of `item` for `index` in [0, count), in order."""
+    return [f"{p.acc} = {first};",
+            f"for (int {index} = 1; {index} < {count}; ++{index}) {p.acc} = {COMBINE[p.combine].format(a=p.acc, b=item)};"]
+
+
+def _operand(p: Partial) -> str:
+    """The value a partial accumulates, in its accumulator's type."""
+    return f"(double)({p.source})" if ACCUMULATOR[p.combine] == "double" else p.source
+
+
+def _drop_unused(lines: list[str], names: list[str]) -> list[str]:
+    """`lines` less the declarations of `names` that nothing else uses."""
+    for name in names:
+        used = re.compile(rf"\b{name}\b")
+        declared = re.compile(rf"^const \w+ {name} = ")
+        if sum(1 for line in lines if used.search(line)) == 1:
+            lines = [line for line in lines if not declared.match(line)]
+    return lines
+
+
+def _dot(prefix: str, strides: tuple[int, ...]) -> str:
+    terms = [f"{prefix}{d}" if st == 1 else f"{prefix}{d} * {st}" for d, st in enumerate(strides) if st != 0]
+    return " + ".join(terms) or "0"
+
+
+def _indent(lines: list[str], spaces: int) -> str:
+    return "\n".join(" " * spaces + line for line in lines)

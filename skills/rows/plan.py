@@ -1,0 +1,440 @@
+"""Task -> RowPlan: reductions over the same rows, with their pointwise prologue and epilogue,
+as passes over each row.
+
+A row is the set of elements one reduction result summarises: the reduced dims D of the shape S
+the reductions read. Values that vary within a row are *element* values (computed per element,
+in fp32); the others are *per-row* values (computed once per row: reduction results and what is
+built from them, per-row inputs, constants). A reduction whose input needs another's result
+(softmax's sum needs the max) runs one pass later: pass k combines the reductions of level k,
+then computes the per-row values they make ready. The epilogue pass computes element outputs.
+
+Rounding follows Inductor, not eager: values stay fp32 between ops and are rounded only where
+the graph converts (convert_element_type to fp16/bf16) and where an output is stored. Reductions
+accumulate in fp32; var is two-pass (the mean, then the sum of squared deviations from it).
+"""
+from __future__ import annotations
+
+import math
+import operator
+from dataclasses import dataclass
+
+import torch
+from torch.fx import Node
+
+from agent_backend.specs import Task, TensorSpec
+from skills.pointwise.dtypes import dtype_info, literal
+from skills.pointwise.errors import Unsupported
+from skills.pointwise.layout import coalesce, is_dense, vector_width
+from skills.pointwise.ops import OP_RULES, OpArgs, Value
+from skills.pointwise.plan import bind_arguments, graph_interface, meta_result
+
+from .placement import Placement, identity_axes, meta_shape, reduced_axes
+
+aten, prims = torch.ops.aten, torch.ops.prims
+
+# reduction op -> what it computes
+REDUCTIONS = {
+    aten.sum.dim_IntList: "sum", aten.sum.default: "sum", aten.mean.dim: "mean", aten.mean.default: "mean",
+    aten.amax.default: "max", aten.amin.default: "min", aten.var.correction: "var",
+    aten.var_mean.correction: "var_mean",
+}
+VIEWS = {
+    aten.view.default, aten.reshape.default, aten._unsafe_view.default, aten.squeeze.dim, aten.squeeze.dims,
+    aten.squeeze.default, aten.unsqueeze.default, aten.expand.default, aten.permute.default, aten.t.default,
+    aten.transpose.int,
+}
+CONVERSIONS = {prims.convert_element_type.default, aten._to_copy.default}
+COMPUTE_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.bool)
+# The value each partial reduction starts from (sums accumulate in double: codegen.ACCUMULATOR).
+IDENTITY = {"sum": "0.0", "max": "(-__uint_as_float(0x7f800000u))", "min": "__uint_as_float(0x7f800000u)"}
+
+
+@dataclass(frozen=True)
+class Access:
+    """One way the kernel reads an input: its pointer, seen through the task's views of it,
+    with strides over the plan's coalesced outer (which row) and inner (within a row) dims."""
+    input: int
+    outer: tuple[int, ...]
+    inner: tuple[int, ...]
+    per_row: bool  # the same value for a whole row: read once per row
+
+
+@dataclass(frozen=True)
+class Output:
+    spec: TensorSpec
+    outer: tuple[int, ...]
+    inner: tuple[int, ...]
+    value: str     # the C variable stored (compute type)
+    per_row: bool  # one value per row, written once
+
+
+@dataclass(frozen=True)
+class Partial:
+    """One accumulation combined across the threads of a row."""
+    acc: str       # C accumulator
+    combine: str   # "sum", "max" or "min"
+    source: str    # C value accumulated per element, after the pass's statements
+
+
+@dataclass(frozen=True)
+class Pass:
+    """One sweep over a row: per element, read `reads` (access indices), run `body`, accumulate
+    `partials`; then, once per row, run `after` (per-row values the partials made ready)."""
+    reads: tuple[int, ...]
+    body: tuple[str, ...]
+    partials: tuple[Partial, ...] = ()
+    after: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class RowPlan:
+    outer: tuple[int, ...]          # coalesced sizes of the row index, outermost first
+    inner: tuple[int, ...]          # coalesced sizes within a row, outermost first
+    inputs: tuple[TensorSpec, ...]  # the kernel's input pointers (all task inputs)
+    accesses: tuple[Access, ...]    # access k's value is the C variable a<k>
+    outputs: tuple[Output, ...]
+    prelude: tuple[str, ...]        # per-row values that need no reduction
+    passes: tuple[Pass, ...]        # reduction passes, in order
+    epilogue: Pass                  # element outputs (no partials)
+    stored: tuple[int, ...]         # accesses read by more than one pass: held on chip
+    vector_width: int               # elements per access along the innermost dim (1: none)
+    along_rows: bool                # threads of a row run along it (its elements are contiguous), else
+                                    # across rows (consecutive rows are contiguous: "outer" kernels)
+    wide_index: bool                # 64-bit offsets needed
+
+    @property
+    def rows(self) -> int:
+        return math.prod(self.outer)
+
+    @property
+    def row_length(self) -> int:
+        return math.prod(self.inner)
+
+
+def build_plan(task: Task) -> RowPlan:
+    """The plan for `task`, or Unsupported with the reason the template cannot take it."""
+    placeholders, out_nodes = graph_interface(task)
+    for spec in task.inputs + task.outputs:
+        if spec.torch_dtype not in COMPUTE_DTYPES:
+            raise Unsupported(f"dtype {spec.torch_dtype} not supported")
+    return _Builder(task, placeholders, out_nodes).build()
+
+
+class _Builder:
+    def __init__(self, task: Task, placeholders: list[Node], out_nodes: list[Node]):
+        self.task = task
+        self.out_nodes = out_nodes
+        self.nodes = [n for n in task.graph_module.graph.nodes if n.op in ("placeholder", "call_function")]
+        self.metas: dict[Node, object] = {p: torch.empty_strided(s.shape, s.stride, dtype=s.torch_dtype, device="meta")
+                                          for p, s in zip(placeholders, task.inputs)}
+        # input nodes (placeholders and views of them) -> the input they read
+        self.sources: dict[Node, int] = {p: k for k, p in enumerate(placeholders)}
+        self.reductions: list[Node] = []
+
+    # -- the graph -----------------------------------------------------------------------
+    def build(self) -> RowPlan:
+        self._evaluate()
+        space, dims = self._rows()
+        placement = self._place(space, dims)
+        per_row = {n: not any(a in dims for a in placement.axes[n] if a is not None) for n in placement.axes}
+        used_inputs = [n for n in self.nodes if n in self.sources and any(u not in self.sources for u in n.users)]
+        if not used_inputs:
+            raise Unsupported("the task reads no input")
+        outer, inner, strides, primary = self._layout(space, dims, placement, per_row, used_inputs)
+        accesses = tuple(Access(self.sources[n], o, i, per_row[n]) for n, (o, i) in zip(used_inputs, strides))
+        program = _Program(self, placement, per_row, {n: k for k, n in enumerate(used_inputs)}, space, dims)
+        outputs = tuple(Output(spec, o, i, program.var(node), per_row[node]) for spec, node, (o, i) in zip(
+            self.task.outputs, self.out_nodes, strides[len(accesses):]))
+        passes, prelude, epilogue = program.passes(self.out_nodes)
+        reads = [set(p.reads) for p in passes] + [set(epilogue.reads)]
+        stored = tuple(k for k in range(len(accesses)) if sum(k in r for r in reads) > 1)
+        first = accesses[primary]
+        along = first.inner[-1] == 1 or first.outer[-1] != 1
+        width = self._vector_width(inner, accesses, outputs) if along else 1
+        wide = math.prod(space) >= 2**30 or any(s.storage_elements() >= 2**31 for s in self.task.inputs + self.task.outputs)
+        return RowPlan(outer, inner, self.task.inputs, accesses, outputs, prelude, passes, epilogue, stored,
+                       width, along, wide)
+
+    def _layout(self, space, dims, placement: Placement, per_row: dict[Node, bool], used_inputs: list[Node]):
+        """Coalesced outer and inner sizes; (outer, inner) strides of each used input, then of each
+        output; the index of the input whose memory order set the order of the dims."""
+        # The largest input read per element (any input, for rows of one element) sets the dim
+        # order: consecutive rows, and the elements of a row, then run along its memory.
+        primary = max([n for n in used_inputs if not per_row[n]] or used_inputs,
+                      key=lambda n: self.task.inputs[self.sources[n]].storage_elements())
+        primary_strides = self._strides(primary, placement.axes[primary], space)
+        outer_dims = sorted((d for d in range(len(space)) if d not in dims), key=lambda d: (-primary_strides[d], d))
+        inner_dims = sorted((d for d in range(len(space)) if d in dims), key=lambda d: (-primary_strides[d], d))
+        strides = [self._strides(n, placement.axes[n], space) for n in used_inputs]
+        strides += [self._output_strides(k, node, placement.axes[node], space, dims, per_row[node])
+                    for k, node in enumerate(self.out_nodes)]
+        outer, outer_strides = coalesce(tuple(space[d] for d in outer_dims),
+                                        [tuple(st[d] for d in outer_dims) for st in strides])
+        if outer == (1,):  # one row: it starts at each operand's first element
+            outer_strides = [(0,) for _ in outer_strides]
+        inner, inner_strides = coalesce(tuple(space[d] for d in inner_dims),
+                                        [tuple(st[d] for d in inner_dims) for st in strides])
+        return outer, inner, list(zip(outer_strides, inner_strides)), used_inputs.index(primary)
+
+    def _evaluate(self) -> None:
+        """Meta value of every node; views of inputs are recorded as input nodes."""
+        for node in self.nodes:
+            if node.op == "placeholder":
+                continue
+            if node.target is operator.getitem:
+                self.metas[node] = self.metas[node.args[0]][node.args[1]]
+            elif node.target in REDUCTIONS:
+                self.reductions.append(node)
+                self.metas[node] = _call_on_meta(node, self.metas)
+            elif node.target in VIEWS:
+                self.metas[node] = _call_on_meta(node, self.metas)
+                source = node.args[0]
+                if source in self.sources:
+                    if not self.metas[node]._is_view():
+                        raise Unsupported(f"{node.name} copies input {self.sources[source]} (no view has its shape)")
+                    self.sources[node] = self.sources[source]
+            elif node.target in OP_RULES:
+                self.metas[node] = meta_result(node, self.metas)
+            else:
+                raise Unsupported(f"op {node.target} not supported")
+            for value in _tensors(self.metas[node]):
+                if value.dtype not in COMPUTE_DTYPES:
+                    raise Unsupported(f"{node.name} is {value.dtype}, not supported")
+        if not self.reductions:
+            raise Unsupported("no reduction")
+
+    def _rows(self) -> tuple[tuple[int, ...], frozenset[int]]:
+        """The shape every reduction reads and the dims they reduce, which must be the same."""
+        found = {(tuple(self.metas[r.args[0]].shape), _reduced_dims(r, self.metas)) for r in self.reductions}
+        if len(found) != 1:
+            raise Unsupported(f"reductions over different rows: {sorted((list(s), sorted(d)) for s, d in found)}")
+        space, dims = found.pop()
+        if math.prod(space) == 0:
+            raise Unsupported("the reduced tensor is empty")
+        return space, dims
+
+    def _place(self, space: tuple[int, ...], dims: frozenset[int]) -> Placement:
+        shapes = {n: meta_shape(v) for n, v in self.metas.items() if isinstance(v, torch.Tensor)}
+        placement = Placement(space, shapes)
+        for r in self.reductions:
+            placement.fix(r.args[0], identity_axes(space))
+            keep = bool(bind_arguments(r).get("keepdim", False))
+            result = reduced_axes(space, tuple(sorted(dims)), keep)
+            for n in [r] + [u for u in r.users if u.target is operator.getitem]:
+                if n in shapes:
+                    placement.fix(n, result)
+        changed = True
+        while changed:
+            changed = False
+            for node in self.nodes:
+                if node.op == "placeholder" or node.target is operator.getitem or node.target in REDUCTIONS:
+                    continue
+                if node in self.sources:  # a view of an input: placed by its users, like an input
+                    continue
+                if node.target is aten.expand.default:  # broadcasts its value, as an op would
+                    changed |= placement.propagate_broadcast(node, [node.args[0]])
+                elif node.target in VIEWS:
+                    changed |= placement.propagate_view(node, node.args[0])
+                else:
+                    changed |= placement.propagate_broadcast(node, list(node.all_input_nodes))
+        unplaced = [n.name for n in self.nodes if n in shapes and n not in placement.axes
+                    and (n not in self.sources or any(u not in self.sources for u in n.users))]
+        if unplaced:
+            raise Unsupported(f"cannot place {', '.join(unplaced)} on the rows")
+        return placement
+
+    def _strides(self, node: Node, axes, space: tuple[int, ...]) -> tuple[int, ...]:
+        """Strides of an input node's elements over the dims of `space` (0 where it repeats)."""
+        strides = [0] * len(space)
+        for a, st in zip(axes, self.metas[node].stride()):
+            if a is not None:
+                strides[a] = st
+        return tuple(strides)
+
+    def _output_strides(self, k: int, node: Node, axes, space, dims, per_row: bool) -> tuple[int, ...]:
+        spec, meta = self.task.outputs[k], self.metas[node]
+        if not isinstance(meta, torch.Tensor) or tuple(meta.shape) != spec.shape or meta.dtype != spec.torch_dtype:
+            raise Unsupported(f"output {k} is not the {spec.dtype}{list(spec.shape)} the task says")
+        if node in self.sources:
+            raise Unsupported(f"output {k} is an input seen through a view")
+        if not is_dense(spec.shape, spec.stride):
+            raise Unsupported(f"output {k} strides {spec.stride} are not a dense layout")
+        covers = {d for d in range(len(space)) if space[d] != 1 and (per_row is False or d not in dims)}
+        if {a for a in axes if a is not None} != covers:
+            raise Unsupported(f"output {k} varies along part of the {'rows' if per_row else 'row elements'} only")
+        strides = [0] * len(space)
+        for a, st in zip(axes, spec.stride):
+            if a is not None:
+                strides[a] = st
+        return tuple(strides)
+
+    def _vector_width(self, inner, accesses, outputs) -> int:
+        # vector_width's sizes get a leading 2 so that it never allows a scalar tail: every
+        # vector lies inside one row.
+        def operand(outer, inner_strides, spec):
+            return tuple(outer) + tuple(inner_strides), spec.torch_dtype.itemsize
+        element_in = [operand(a.outer, a.inner, self.task.inputs[a.input]) for a in accesses if not a.per_row]
+        element_out = [operand(o.outer, o.inner, o.spec) for o in outputs if not o.per_row]
+        if not element_in:
+            return 1
+        return vector_width((2,) + tuple(inner), [((0,) + st, size) for st, size in element_in],
+                            [((0,) + st, size) for st, size in element_out])
+
+
+class _Program:
+    """The C statements of a plan: every node rendered once, sorted into the pass it runs in."""
+
+    def __init__(self, builder: _Builder, placement: Placement, per_row: dict[Node, bool], access_of: dict[Node, int],
+                 space: tuple[int, ...], dims: frozenset[int]):
+        self.b = builder
+        self.per_row = per_row
+        self.access_of = access_of
+        self.row_length = math.prod(space[d] for d in dims)
+        self.values: dict[Node, Value] = {}
+        self.statements: dict[Node, list[str]] = {}  # node -> C lines computing it
+        self.ready: dict[Node, int] = {}  # the pass after which a per-row value exists (-1: before any)
+        self.partials: dict[int, list[tuple[Node, Partial]]] = {}  # level -> partials of that pass
+        self.finals: dict[int, list[str]] = {}  # level -> per-row lines finishing its reductions
+        self.mean_of: dict[Node, Value] = {}  # var_mean -> its mean
+        for node in builder.nodes:  # every placed node, and var_mean (a pair of tensors)
+            if node in placement.axes or node.target is aten.var_mean.correction:
+                self._render(node)
+
+    def var(self, node: Node) -> str:
+        return self.values[node].var
+
+    def _render(self, node: Node) -> None:
+        b = self.b
+        meta = b.metas[node]
+        if node in self.access_of:
+            self.values[node] = Value(f"a{self.access_of[node]}", meta.dtype)
+            self.statements[node] = []
+            self.ready[node] = -1
+            return
+        if node in b.sources:  # a view of an input read only through other views
+            return
+        if node.target is operator.getitem:
+            parent = node.args[0]
+            self.values[node] = self.values[parent] if node.args[1] == 0 else self.mean_of[parent]
+            self.statements[node], self.ready[node] = [], self.ready[parent]
+            return
+        if node.target in REDUCTIONS:
+            self._render_reduction(node)
+            return
+        if node.target in VIEWS:
+            self.values[node] = self.values[node.args[0]]
+            self.statements[node], self.ready[node] = [], self.ready[node.args[0]]
+            return
+        rule = OP_RULES[node.target]
+        bound = bind_arguments(node)
+        if rule.kind == "compare":
+            dtype = torch.result_type(*(b.metas[v] if isinstance(v, Node) else v for v in (bound["self"], bound["other"])))
+        else:
+            dtype = meta.dtype
+        if rule.kind == "float" and not dtype.is_floating_point:
+            raise Unsupported(f"op {node.target} on {dtype} not supported")
+        args = OpArgs({k: self.values[v] if isinstance(v, Node) else v for k, v in bound.items()}, dtype,
+                      round_operands=rule.kind != "any")
+        info = dtype_info(meta.dtype)
+        expr = rule.render(args)
+        if node.target in CONVERSIONS:  # where the graph rounds, so do we
+            expr = info.round.format(expr)
+        var = f"v{len(self.values)}"
+        self.values[node] = Value(var, meta.dtype)
+        self.statements[node] = [f"const {info.ctype} {var} = {expr};"]
+        self.ready[node] = max((self.ready[a] for a in node.all_input_nodes), default=-1)
+
+    def _render_reduction(self, node: Node) -> None:
+        kind = REDUCTIONS[node.target]
+        source = node.args[0]
+        level = self.ready[source] + 1
+        if self.values[source].dtype not in (torch.float32, torch.float16, torch.bfloat16):
+            raise Unsupported(f"reduction of a {self.values[source].dtype} value not supported")
+        src = self.values[source].var
+        n = len(self.values)
+        var = f"v{n}"
+        if kind in ("sum", "mean", "max", "min"):
+            combine = {"sum": "sum", "mean": "sum", "max": "max", "min": "min"}[kind]
+            self._partial(level, node, Partial(f"acc{n}", combine, src))
+            final = {"sum": f"(float)acc{n}", "mean": f"(float)(acc{n} / {self._n})"}.get(kind, f"acc{n}")
+            self.finals.setdefault(level, []).append(f"const float {var} = {final};")
+            self.ready[node] = level
+        else:  # var, var_mean: the mean in one pass, the squared deviations from it in the next
+            correction = bind_arguments(node).get("correction")
+            divisor = max(0, self.row_length - (1 if correction is None else correction))
+            self._partial(level, node, Partial(f"acc{n}", "sum", src))
+            self.finals.setdefault(level, []).append(f"const float mean{n} = (float)(acc{n} / {self._n});")
+            self._partial(level + 1, node, Partial(f"acc{n}_m2", "sum", f"((({src}) - mean{n}) * (({src}) - mean{n}))"))
+            self.finals.setdefault(level + 1, []).append(
+                f"const float {var} = (float)(acc{n}_m2 / {literal(divisor, 'double')});")
+            self.ready[node] = level + 1
+            self.mean_of[node] = Value(f"mean{n}", torch.float32)
+        dtype = _tensors(self.b.metas[node])[0].dtype
+        self.values[node] = Value(var, dtype)
+        self.statements[node] = []
+
+    @property
+    def _n(self) -> str:
+        """The row length as a C double."""
+        return literal(self.row_length, "double")
+
+    def _partial(self, level: int, node: Node, partial: Partial) -> None:
+        self.partials.setdefault(level, []).append((node, partial))
+
+    def passes(self, out_nodes: list[Node]) -> tuple[tuple[Pass, ...], tuple[str, ...], Pass]:
+        levels = max(self.partials) + 1
+        row_lines: dict[int, list[str]] = {}
+        for node in self.b.nodes:
+            if node in self.statements and self.per_row.get(node, True) and node not in self.access_of:
+                row_lines.setdefault(self.ready[node], []).extend(self.statements[node])
+        prelude = tuple(row_lines.get(-1, []))
+        passes = []
+        for level in range(levels):
+            partials = self.partials.get(level, [])
+            roots = [n.args[0] for n, _ in partials]
+            reads, body = self._element_work(roots)
+            passes.append(Pass(reads, body, tuple(p for _, p in partials),
+                               tuple(self.finals.get(level, []) + row_lines.get(level, []))))
+        reads, body = self._element_work([n for n in out_nodes if not self.per_row[n]])
+        return tuple(passes), prelude, Pass(reads, body)
+
+    def _element_work(self, roots: list[Node]) -> tuple[tuple[int, ...], tuple[str, ...]]:
+        """The element accesses read and the element statements run to compute `roots`."""
+        needed: set[Node] = set()
+        stack = list(roots)
+        while stack:
+            n = stack.pop()
+            if n in needed or self.per_row.get(n, True) or n not in self.statements:
+                continue
+            needed.add(n)
+            if n.target is not operator.getitem and n.target not in REDUCTIONS and n not in self.access_of:
+                stack.extend(n.all_input_nodes)
+        ordered = [n for n in self.b.nodes if n in needed]
+        reads = tuple(sorted(self.access_of[n] for n in ordered if n in self.access_of))
+        body = tuple(line for n in ordered for line in self.statements[n])
+        return reads, body
+
+
+def _call_on_meta(node: Node, metas: dict) -> object:
+    args = [metas[a] if isinstance(a, Node) else a for a in node.args]
+    kwargs = {k: metas[v] if isinstance(v, Node) else v for k, v in node.kwargs.items()}
+    try:
+        return node.target(*args, **kwargs)
+    except Exception as e:
+        raise Unsupported(f"op {node.target} fails on these arguments: {str(e).splitlines()[0]}") from e
+
+
+def _reduced_dims(node: Node, metas: dict) -> frozenset[int]:
+    rank = metas[node.args[0]].dim()
+    dims = bind_arguments(node).get("dim")
+    if not dims:  # None or []: every dim
+        return frozenset(range(rank))
+    return frozenset(d % rank for d in dims)
+
+
+def _tensors(value) -> list[torch.Tensor]:
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, (tuple, list)):
+        return [v for v in value if isinstance(v, torch.Tensor)]
+    return []

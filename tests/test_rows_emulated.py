@@ -1,0 +1,72 @@
+"""The rows template's kernels, run on the CPU by a CUDA emulator (tests/cuda_emulation.py:
+threads as OS threads, barriers for __syncthreads, shuffles and cluster.sync, per-block shared
+memory that a cluster's blocks map), against each task's own program run eagerly: every launch
+shape the template proposes for the traced cases, and the shapes long rows get (shared memory,
+clusters, slices of unequal length) at sizes the emulator runs quickly. What only a GPU shows
+(speed, alignment, occupancy) is test_rows_gpu.py's."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from agent_backend.specs import Task, random_inputs
+from cuda_emulation import compiler, run
+from skills.rows.candidates import launch_arguments, launch_configs
+from skills.rows.codegen import Launch, kernel_source
+from skills.rows.plan import build_plan
+from test_rows_template import (BACKWARD, CASES, _cross_entropy_tasks, assert_computes_the_task, backward_tasks,
+                                case_task, resized)
+
+pytestmark = [pytest.mark.skipif(compiler() is None, reason="needs a C++ compiler"), pytest.mark.slow]
+
+f32, f16, bf16 = torch.float32, torch.float16, torch.bfloat16
+
+
+def _check(task: Task, launch: Launch, workdir, seed: int = 0) -> None:
+    plan = build_plan(task)
+    inputs = random_inputs(task.inputs, seed, scale=2.0, device="cpu")
+    got = run(kernel_source(plan, "k", launch), "k", launch_arguments(plan, launch), inputs, list(task.outputs),
+              workdir)
+    assert_computes_the_task(task, inputs, tuple(got), str(launch))
+
+
+@pytest.mark.parametrize("name, dtype", [(n, dt) for n in CASES for dt in (f32, bf16)])
+def test_every_proposed_launch_computes_the_task(name, dtype, tmp_path):
+    task = case_task(name, dtype)
+    for launch in launch_configs(build_plan(task)):
+        _check(task, launch, tmp_path)
+
+
+@pytest.mark.parametrize("name, dtype", BACKWARD)
+def test_backward_tasks_compute_their_gradients(name, dtype, tmp_path):
+    for task in backward_tasks(name, dtype):
+        for launch in launch_configs(build_plan(task)):
+            _check(task, launch, tmp_path)
+
+
+# (task, launch): long-row shapes on rows short enough to emulate. Shared-memory rows, register
+# and shared-memory clusters (slices of unequal length where the row does not divide), sub-warp
+# rows, several rows a block across warps, streaming clusters, rows of one element.
+LONG = {
+    "shared_block": (lambda: resized(case_task("softmax", f32), (3, 2000)), Launch(64, 1, 4, "shared")),
+    "shared_two_rows_a_block": (lambda: resized(case_task("layernorm", bf16), (5, 999), (999,), (999,)),
+                                Launch(64, 2, 1, "shared")),
+    "register_cluster": (lambda: resized(case_task("softmax", f32), (3, 2000)), Launch(64, 1, 4, "registers", 4)),
+    "shared_cluster_unequal_slices": (lambda: resized(case_task("softmax", f16), (2, 4097)),
+                                      Launch(64, 1, 1, "shared", 4)),
+    "layernorm_cluster": (lambda: resized(case_task("layernorm", f32), (2, 3000), (3000,), (3000,)),
+                          Launch(32, 1, 4, "registers", 8)),
+    "logsumexp_cluster": (lambda: resized(case_task("logsumexp", bf16), (2, 1000)), Launch(32, 1, 8, "shared", 2)),
+    "streaming_cluster": (lambda: resized(case_task("sum_last", f32), (1, 5000)), Launch(64, 1, 4, "registers", 8)),
+    "var_streaming_rows": (lambda: resized(case_task("var_last", f16), (5, 33)), Launch(8, 4, 1)),
+    "sub_warp_rows": (lambda: resized(case_task("amax_last", bf16), (64, 7)), Launch(4, 8, 1)),
+    "warps_per_row": (lambda: resized(case_task("rmsnorm", f32), (3, 1000), (1000,)), Launch(128, 2, 4)),
+    "row_of_one": (lambda: resized(case_task("layernorm", f32), (8, 1), (1,), (1,)), Launch(1, 32, 1)),
+    "masked_mean": (lambda: _cross_entropy_tasks()[1], Launch(4, 8, 1)),
+}
+
+
+@pytest.mark.parametrize("label", LONG)
+def test_long_row_launches_compute_the_task(label, tmp_path):
+    make, launch = LONG[label]
+    _check(make(), launch, tmp_path)

@@ -1,0 +1,416 @@
+"""The rows template on the CPU: what it claims from real traced tasks (the path `cuda-agent
+explain` takes), the plans and launch shapes it chooses, what it refuses and why, and that the
+CUDA and Python it writes compile. Whether the kernels compute the right numbers is
+test_rows_gpu.py's job (it reuses CASES and traced_row_tasks from here)."""
+from __future__ import annotations
+
+import functools
+import re
+import shutil
+import subprocess
+import sys
+import types
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+from agent_backend.env import float64
+from agent_backend.env.compare import compare_values
+from agent_backend.env.launch_spec import Arg
+from agent_backend.explain import tasks_of, trace_tasks
+from agent_backend.specs import Task, TensorSpec
+from agent_backend.task import load_program
+from helpers import launch_spec_of
+from skills.rows import propose, supports
+from skills.rows.candidates import launch_configs, model_source, tag
+from skills.rows.codegen import Launch, kernel_source, shared_bytes
+from skills.rows.plan import build_plan
+
+f32, f16, bf16 = torch.float32, torch.float16, torch.bfloat16
+
+
+class Fn(nn.Module):
+    def __init__(self, fn):
+        super().__init__()
+        self.fn = fn
+
+    def forward(self, *args):
+        return self.fn(*args)
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, dtype: torch.dtype):
+        super().__init__()
+        self.weight = nn.Parameter(torch.linspace(0.5, 1.5, dim, dtype=dtype))
+
+    def forward(self, x):
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * self.weight
+
+
+class ResidualLayerNorm(nn.Module):
+    def __init__(self, dim: int, dtype: torch.dtype):
+        super().__init__()
+        self.norm = nn.LayerNorm(dim, dtype=dtype)
+
+    def forward(self, x, residual):
+        return self.norm(x + residual)
+
+
+def _randn(shape, dtype, device, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(*shape, generator=g, dtype=torch.float64).to(dtype).to(device)
+
+
+def _one(shape):
+    return lambda dtype, device: [_randn(shape, dtype, device)]
+
+
+# name -> (model(dtype), inputs(dtype, device), default shape of the reduced input). Each is
+# traced through the backend's pass and gives one task of kind "reduction".
+CASES = {
+    "softmax": (lambda dt: nn.Softmax(-1), _one, (8, 1000)),
+    "log_softmax": (lambda dt: nn.LogSoftmax(-1), _one, (8, 1000)),
+    "layernorm": (lambda dt: nn.LayerNorm(1000, dtype=dt), _one, (8, 1000)),
+    "rmsnorm": (lambda dt: RMSNorm(1000, dt), _one, (8, 1000)),
+    "logsumexp": (lambda dt: Fn(lambda x: torch.logsumexp(x, -1)), _one, (8, 1000)),
+    "sum_last": (lambda dt: Fn(lambda x: x.sum(-1)), _one, (8, 1000)),
+    "mean_dim1": (lambda dt: Fn(lambda x: x.mean(1)), _one, (4, 16, 32)),
+    "amax_last": (lambda dt: Fn(lambda x: x.amax(-1)), _one, (8, 1000)),
+    "amin_keepdim": (lambda dt: Fn(lambda x: x.amin(-1, keepdim=True) * 2), _one, (8, 1000)),
+    "var_last": (lambda dt: Fn(lambda x: x.var(-1)), _one, (8, 1000)),
+    "mean_hw": (lambda dt: Fn(lambda x: x.mean((2, 3))), _one, (2, 8, 5, 7)),
+    "softmax_dim1": (lambda dt: nn.Softmax(1), _one, (4, 16, 32)),
+    "residual_layernorm": (lambda dt: ResidualLayerNorm(1000, dt),
+                           lambda shape: lambda dtype, device: [_randn(shape, dtype, device),
+                                                                _randn(shape, dtype, device, seed=1)], (8, 1000)),
+    "batchnorm": (lambda dt: nn.BatchNorm2d(8, dtype=dt), _one, (4, 8, 5, 7)),  # over (N, H, W), training
+    "softmax_transposed": (lambda dt: nn.Softmax(-1),
+                           lambda shape: lambda dtype, device: [_randn(shape[::-1], dtype, device).t()], (8, 1000)),
+}
+
+
+def _on_cuda(task: Task) -> Task:
+    """The task as if traced on a GPU (its specs are data: the tensors lived on the CPU)."""
+    def cuda(s: TensorSpec) -> TensorSpec:
+        return TensorSpec(s.shape, s.stride, s.dtype, "cuda")
+    return Task(task.hash, task.program, tuple(map(cuda, task.inputs)), tuple(map(cuda, task.outputs)), task.ops,
+                task.kind, task.graph_module)
+
+
+def traced_row_tasks(model: nn.Module, inputs: list[torch.Tensor]) -> list[Task]:
+    """The reduction tasks of `model`'s forward graph, as the backend's pass extracts them."""
+    tasks = tasks_of(trace_tasks(model, inputs, backward=False, min_ops=1))
+    return [t for t in tasks if t.kind == "reduction"]
+
+
+@functools.cache
+def backward_tasks(name: str, dtype: torch.dtype, device: str = "cpu") -> tuple[Task, ...]:
+    """The reduction tasks of the backward graph of case `name` (inputs needing grad too)."""
+    model, inputs, shape = CASES[name]
+    xs = [x.requires_grad_() for x in inputs(shape)(dtype, device)]
+    reports = trace_tasks(model(dtype).to(device), xs, backward=True, min_ops=1)
+    tasks = [d.task for d in reports[-1].decisions if d.task is not None and d.task.kind == "reduction"]
+    return tuple(_on_cuda(t) for t in tasks)
+
+
+@functools.cache
+def case_task(name: str, dtype: torch.dtype = f32, shape: tuple[int, ...] | None = None) -> Task:
+    model, inputs, default = CASES[name]
+    tasks = traced_row_tasks(model(dtype), inputs(shape or default)(dtype, "cpu"))
+    assert len(tasks) == 1, f"{name}: {[t.ops for t in tasks]}"
+    return _on_cuda(tasks[0])
+
+
+def resized(task: Task, *shapes: tuple[int, ...]) -> Task:
+    """`task` (whose graph spells out no shape) on contiguous inputs of `shapes`, on its device;
+    outputs from running the graph on meta tensors. Its hash names the shapes too (a worker keeps
+    one compiled reference per task hash)."""
+    specs = tuple(TensorSpec(tuple(shape), torch.empty(shape, device="meta").stride(), s.dtype, s.device)
+                  for shape, s in zip(shapes, task.inputs, strict=True))
+    with FakeTensorMode(allow_non_fake_inputs=True):  # the graph's constants may name a device
+        outs = task.graph_module(*(torch.empty(s.shape, dtype=s.torch_dtype, device=s.device) for s in specs))
+    outs = outs if isinstance(outs, (tuple, list)) else (outs,)
+    out_specs = tuple(TensorSpec(tuple(o.shape), tuple(o.stride()), str(o.dtype).removeprefix("torch."), specs[0].device)
+                      for o in outs)
+    signature = "_".join("x".join(map(str, s.shape)) for s in specs)
+    return Task(f"{task.hash}-{signature}", task.program, specs, out_specs, task.ops, task.kind, task.graph_module)
+
+
+TOLERANCE = {f32: 1e-4, f16: 1e-2, bf16: 1e-2, torch.bool: 0.0}
+
+
+def assert_computes_the_task(task: Task, inputs: list[torch.Tensor], got: tuple[torch.Tensor, ...], what: str) -> None:
+    """`got` is what the task computes on `inputs`, by the verifier's two rules: elementwise close
+    (relative to the values' scale) to the task evaluated in float64, and no more than twice as
+    far from it as the task's program run eagerly (which rounds after every op, where the
+    kernels, as Inductor, keep fp32 between ops)."""
+    model = load_program(task.program)["Model"]()
+    with torch.no_grad():
+        eager = model(*inputs)
+    eager = eager if isinstance(eager, tuple) else (eager,)
+    exact = float64.evaluate(model, inputs)
+    assert len(got) == len(eager), what
+    for k, (g, e, x) in enumerate(zip(got, eager, exact)):
+        assert (g.dtype, g.shape, g.stride()) == (e.dtype, e.shape, e.stride()), f"{what} output {k}"
+        check = compare_values(k, g, x.to(torch.float64) if e.dtype != torch.bool else x, TOLERANCE[e.dtype])
+        assert check.problem is None, f"{what}: {check.problem}"
+        accuracy = float64.accuracy_problem(k, float64.relative_error(g, x), float64.relative_error(e, x), e.dtype)
+        assert accuracy is None, f"{what}: {accuracy}"
+
+
+# ------------------------------------------------------------------------------------ plans
+
+@pytest.mark.parametrize("name, dtype", [(n, dt) for n in CASES for dt in (f32, bf16)] + [("softmax", f16)])
+def test_every_case_is_supported_with_a_few_launch_shapes(name, dtype):
+    task = case_task(name, dtype)
+    assert supports(task) is None
+    candidates = propose(task)
+    assert 1 <= len(candidates) <= 6
+    assert len({c.origin for c in candidates}) == len(candidates)
+    assert all(c.origin.startswith("builtin:rows:") for c in candidates)
+
+
+def test_softmax_plan_holds_the_row_and_takes_three_passes():
+    plan = build_plan(case_task("softmax", bf16))
+    assert (plan.outer, plan.inner, plan.along_rows, plan.vector_width) == ((8,), (1000,), True, 8)
+    assert [[p.combine for p in ps.partials] for ps in plan.passes] == [["max"], ["sum"]]
+    assert plan.stored == (0,)  # read by both passes and the epilogue: held on chip
+    assert "round_bf16" in plan.epilogue.body[-1]  # rounded where the graph converts, once
+    assert not any("round_" in line for ps in plan.passes for line in ps.body)
+
+
+def test_layernorm_training_forward_writes_mean_and_rstd_per_row():
+    plan = build_plan(case_task("layernorm", f32))
+    # two-pass variance on the on-chip row: the mean, then squared deviations from it
+    assert [[p.combine for p in ps.partials] for ps in plan.passes] == [["sum"], ["sum"]]
+    assert "mean" in plan.passes[1].partials[0].source
+    assert [o.per_row for o in plan.outputs] == [True, True, False]
+    assert [a.per_row for a in plan.accesses] == [False, False, False]
+    assert [a.outer for a in plan.accesses] == [(1000,), (0,), (0,)]  # weight and bias repeat per row
+    assert plan.epilogue.reads == (0, 1, 2)
+
+
+def test_rmsnorm_and_residual_layernorm_fuse_their_pointwise_work():
+    rms = build_plan(case_task("rmsnorm", bf16))
+    assert len(rms.passes) == 1 and "(a0 * a0)" in rms.passes[0].body[0]
+    residual = build_plan(case_task("residual_layernorm", f32))
+    assert residual.stored == (0, 1)  # x and the residual, both read by every pass
+    assert "(a0 + a1)" in residual.passes[0].body[0]
+
+
+def test_pure_reductions_stream_their_rows():
+    for name in ("sum_last", "amax_last", "mean_hw", "mean_dim1"):
+        plan = build_plan(case_task(name, f32))
+        assert plan.stored == () and len(plan.passes) == 1 and [o.per_row for o in plan.outputs] == [True]
+    assert build_plan(case_task("mean_hw", f32)).inner == (35,)  # the reduced trailing dims, merged
+
+
+def test_reductions_over_a_strided_dim_run_threads_across_rows():
+    for name in ("mean_dim1", "softmax_dim1", "softmax_transposed"):
+        plan = build_plan(case_task(name, f32))
+        assert not plan.along_rows and plan.vector_width == 1, name
+    plan = build_plan(case_task("softmax_dim1", f32))
+    assert (plan.outer, plan.inner) == ((4, 32), (16,))
+    assert plan.accesses[0].outer == (512, 1) and plan.accesses[0].inner == (32,)
+    assert all(launch.threads <= 32 and launch.rows >= 32 for launch in launch_configs(plan))
+
+
+def test_logsumexp_is_one_task_with_its_views_and_constant():
+    plan = build_plan(case_task("logsumexp", f32))
+    assert [o.spec.shape for o in plan.outputs] == [(8,)]
+    assert any("0.0f" in line for line in plan.prelude)  # the masked max's constant
+
+
+BACKWARD = [(name, dt) for name in ("softmax", "log_softmax", "layernorm", "rmsnorm") for dt in (f32, bf16)]
+
+
+@pytest.mark.parametrize("name, dtype", BACKWARD)
+def test_backward_reductions_are_supported(name, dtype):
+    """Softmax's backward (with Inductor's prims.fma), a norm's input gradient (RMSNorm's expands
+    its per-row factor) and its weight and bias gradients (reductions over the batch)."""
+    tasks = backward_tasks(name, dtype)
+    assert tasks
+    assert [supports(t) for t in tasks] == [None] * len(tasks)
+    if name == "layernorm":
+        assert sum(not build_plan(t).along_rows for t in tasks) >= 2  # sums down the columns
+
+
+def test_plan_needs_no_node_metadata():
+    task = case_task("layernorm", bf16)
+    expected = build_plan(task)
+    for node in task.graph_module.graph.nodes:
+        node.meta.clear()
+    assert build_plan(task) == expected
+
+
+@functools.cache
+def _cross_entropy_tasks() -> list[Task]:
+    model = Fn(lambda x, t: F.cross_entropy(x, t))
+    return [_on_cuda(t) for t in traced_row_tasks(model, [_randn((8, 64), f32, "cpu"), torch.arange(8) % 64])]
+
+
+def test_cross_entropy_gives_a_log_softmax_and_a_masked_mean():
+    log_softmax, nll = _cross_entropy_tasks()
+    assert supports(log_softmax) is None and supports(nll) is None
+    plan = build_plan(nll)
+    assert (plan.rows, plan.row_length) == (1, 8)
+    assert [a.per_row for a in plan.accesses] == [False, True, False]  # the divisor is a 0-dim input
+
+
+@pytest.mark.parametrize("model, inputs, reason", [
+    (nn.GroupNorm(4, 16), [_randn((2, 16, 5, 5), f32, "cpu")], "varies along part of the row elements only"),
+    (Fn(lambda x: x.prod(-1)), [_randn((8, 64), f32, "cpu")], "op aten.prod.dim_int not supported"),
+])
+def test_unsupported_tasks_say_why(model, inputs, reason):
+    tasks = [_on_cuda(t) for t in traced_row_tasks(model, inputs)]
+    assert tasks
+    assert reason in supports(tasks[0])
+    assert propose(tasks[0]) == []
+
+
+def test_rows_of_one_element_are_computed_per_row():
+    task = _on_cuda(traced_row_tasks(nn.LayerNorm(1), [_randn((8, 1), f32, "cpu")])[0])
+    plan = build_plan(task)
+    assert (plan.rows, plan.row_length, plan.epilogue.body) == (8, 1, ())
+    assert all(o.per_row for o in plan.outputs) and [launch.threads for launch in launch_configs(plan)] == [1]
+
+
+def test_the_builtin_policy_proposes_the_rows_candidates():
+    from agent_backend.policies.builtin import BuiltinPolicy
+    policy, task = BuiltinPolicy(), case_task("softmax", bf16)
+    assert policy.why_not(task) is None
+    assert [c.origin for c in policy.propose(task, [])] == [c.origin for c in propose(task)]
+    groupnorm = _on_cuda(traced_row_tasks(nn.GroupNorm(4, 16), [_randn((2, 16, 5, 5), f32, "cpu")])[0])
+    assert "rows: output 2 varies along part of the row elements only" in policy.why_not(groupnorm)
+
+
+def test_cpu_tasks_are_not_taken():
+    task = case_task("softmax")
+    cpu = Task(task.hash, task.program, tuple(TensorSpec(s.shape, s.stride, s.dtype, "cpu") for s in task.inputs),
+               task.outputs, task.ops, task.kind, task.graph_module)
+    assert "CUDA" in supports(cpu)
+
+
+# --------------------------------------------------------------------------- launch shapes
+
+def _tags(task: Task) -> list[str]:
+    return [c.origin.rsplit(":", 1)[1] for c in propose(task)]
+
+
+def test_launch_shapes_follow_the_row_length():
+    softmax = case_task("softmax", bf16)
+    assert _tags(resized(softmax, (4096, 7))) == ["t1r32v1", "t2r16v1", "t4r16v1"]
+    assert _tags(softmax) == ["t16r2v8", "t32r1v8", "t64r1v8"]  # 125 vectors of 8
+    # 393216 elements of fp32: only a cluster of 8 blocks holds a row (192 KB of shared memory each)
+    assert _tags(resized(case_task("softmax", f32), (16, 393216))) == ["t1024r1v4sc8"]
+    assert _tags(resized(case_task("softmax", bf16), (16, 393216))) == ["t1024r1v8c8", "t1024r1v8sc4"]
+    # a sum streams: few long rows are split over a cluster, combined through its shared memory
+    assert _tags(resized(case_task("sum_last", f32), (1, 393216))) == ["t1024r1v4", "t1024r1v4c8"]
+    assert _tags(resized(case_task("sum_last", f32), (4096, 1000))) == ["t32r4v4", "t128r1v4"]
+
+
+def test_rows_too_long_for_a_cluster_are_refused():
+    task = resized(case_task("softmax", f32), (2, 8 * 2**20))
+    assert "do not fit on chip" in supports(task)
+    assert supports(resized(case_task("sum_last", f32), (2, 8 * 2**20))) is None  # streamed
+
+
+# ----------------------------------------------------------------------------- compilation
+
+def _nvcc() -> str | None:
+    return shutil.which("nvcc") or next((str(p) for p in sorted(Path("/usr/local").glob("cuda*/bin/nvcc"))), None)
+
+
+def _kernel_sources() -> dict[str, str]:
+    """Every kernel (main and fallback) the candidates of a dozen tasks carry, over fp32/bf16/fp16,
+    short and long rows, clusters and rows strided in memory; the first candidate's kernel of
+    every other case; and one with 64-bit indexing."""
+    every = {
+        "softmax_bf16": case_task("softmax", bf16), "softmax_fp16": case_task("softmax", f16),
+        "logsumexp_fp32": case_task("logsumexp", f32), "var_bf16": case_task("var_last", bf16),
+        "softmax_dim1_fp32": case_task("softmax_dim1", f32), "mean_hw_bf16": case_task("mean_hw", bf16),
+        "layernorm_fp16_4097": resized(case_task("layernorm", f16), (3, 4097), (4097,), (4097,)),
+        "rmsnorm_bf16_32768": resized(case_task("rmsnorm", bf16), (4, 32768), (32768,)),
+        "softmax_fp32_long": resized(case_task("softmax", f32), (16, 393216)),
+        "softmax_bf16_long": resized(case_task("softmax", bf16), (16, 393216)),
+        "sum_fp32_one_long_row": resized(case_task("sum_last", f32), (1, 393216)),
+        "sum_bf16_short_rows": resized(case_task("sum_last", bf16), (4096, 7)),
+        "cross_entropy_nll": _cross_entropy_tasks()[1],
+    }
+    first = {f"{name}_{str(dt)[6:]}": case_task(name, dt) for name in CASES for dt in (f32, bf16)}
+    sources = {}
+    for label, task in list(every.items()) + list(first.items()):
+        for candidate in propose(task)[:None if label in every else 1]:
+            kernels = re.findall(r"_SOURCE = r'''(.*?)'''", candidate.source, re.DOTALL)
+            for k, kernel in enumerate(kernels[:None if label in every else 1]):
+                sources[f"{label}_{candidate.origin.rsplit(':', 1)[1]}_{k}"] = kernel
+    plan = build_plan(resized(case_task("softmax", bf16), (2**17, 16384)))
+    assert plan.wide_index
+    sources["wide_index"] = kernel_source(plan, "k", Launch(1024, 1, 8))
+    return sources
+
+
+@pytest.mark.skipif(_nvcc() is None, reason="needs nvcc")
+def test_generated_cuda_compiles_cleanly(tmp_path):
+    def compile_one(job):
+        name, source = job
+        path = tmp_path / f"{name}.cu"
+        path.write_text(source)
+        command = [_nvcc(), "-cubin", "-arch=sm_90", "-o", str(path.with_suffix(".cubin")), str(path)]
+        return name, subprocess.run(command, capture_output=True, text=True)
+
+    unique = {}
+    for name, source in _kernel_sources().items():
+        unique.setdefault(source, name)
+    assert len(unique) >= 40
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        results = list(pool.map(compile_one, [(name, source) for source, name in unique.items()]))
+    problems = {name: r.stderr for name, r in results if r.returncode or r.stderr.strip()}
+    assert problems == {}
+
+
+def test_candidates_are_launch_specs_of_the_planned_kernels(monkeypatch):
+    """The spec launches the kernel codegen writes and a scalar fallback for unaligned inputs,
+    on the grid and block the launch shape gives, inputs then outputs as arguments, on tensors
+    of exactly the task's signature."""
+    task = case_task("layernorm", bf16)
+    plan = build_plan(task)
+    for launch in launch_configs(plan):
+        spec = launch_spec_of(model_source(plan, launch), monkeypatch)
+        assert spec.inputs == task.inputs and spec.outputs == task.outputs
+        name = f"rows_{tag(plan, launch)}"
+        scalar = Launch(launch.threads, launch.rows, 1, launch.storage)
+        args = tuple(map(Arg.input, range(3))) + tuple(map(Arg.output, range(3)))  # x, weight, bias; y, mean, rstd
+        for kernel, shape, alignment in ((spec.kernels[0], launch, (16, 16, 16)), (spec.kernels[1], scalar, ())):
+            assert kernel.cubin == f"cubin of {kernel_source(plan, name, shape)}".encode()
+            assert (kernel.name, kernel.args, kernel.alignment) == (name, args, alignment)
+            assert (kernel.grid, kernel.block, kernel.shared_mem) == (
+                (-(-8 // launch.rows), 1, 1), (launch.threads * launch.rows, 1, 1), shared_bytes(plan, shape))
+
+
+def test_cluster_candidates_are_python_programs_launching_their_cluster(monkeypatch):
+    """A launch spec has no cluster: those candidates launch from Python, refusing any other
+    signature."""
+    task = resized(case_task("softmax", f32), (16, 393216))
+    plan = build_plan(task)
+    (launch,) = launch_configs(plan)
+    launches = []
+
+    class Kernel:
+        def launch(self, *args):
+            launches.append(args)
+
+    stub = types.ModuleType("agent_backend.env.fast_kernel")
+    stub.load_kernel = lambda source, name, arg_types: Kernel()
+    monkeypatch.setitem(sys.modules, "agent_backend.env.fast_kernel", stub)
+    namespace = {}
+    exec(compile(model_source(plan, launch), "<candidate>", "exec"), namespace)
+    assert namespace["MAIN_LAUNCH"] == (128, (1024,), 196608, 8) and namespace["MAIN_ALIGNMENT"] == (16,)
+    with pytest.raises(ValueError, match="specialised to CUDA tensors"):
+        namespace["ModelNew"]()(torch.randn(16, 393216))
+    assert launches == []
