@@ -33,14 +33,15 @@ def why_not(task, rule: str) -> str | None:
     return dict(rewrites.explain(task))[rule]
 
 
-def assert_same_function(task, candidate, tol=1e-4):
-    """The candidate computes the task's outputs on fresh inputs, as fresh tensors."""
+def assert_same_function(task, candidate, tol=1e-4, make_inputs=None):
+    """The candidate computes the task's outputs on fresh inputs (`make_inputs()`, by default
+    the task's own get_inputs), as fresh tensors."""
     program = load_program(task.program)
     namespace: dict = {}
     exec(candidate.source, namespace)
     model, new = program["Model"](), namespace["ModelNew"]()
     for _ in range(2):
-        inputs = program["get_inputs"]()
+        inputs = (make_inputs or program["get_inputs"])()
         expected, got = model(*inputs), new(*inputs)
         expected = expected if isinstance(expected, tuple) else (expected,)
         got = got if isinstance(got, tuple) else (got,)
@@ -74,6 +75,8 @@ def test_gemm_reduce_in_bf16_sums_in_fp32_and_rounds_once():
                      torch.randn(32, 48, dtype=torch.bfloat16))
     (candidate,) = rewrites.propose(task)
     assert "dtype=torch.float32" in candidate.source and "torch.bfloat16" in candidate.source
+    # conversions are written as aten._to_copy: prims' eager path costs hundreds of us per call
+    assert "aten._to_copy.default" in candidate.source and "convert_element_type" not in candidate.source
     assert_same_function(task, candidate, tol=2e-2)
 
 
@@ -177,3 +180,85 @@ def test_an_output_equal_to_an_input_after_folding_is_cloned():
     task = only_task(lambda x: (x.sum(1, keepdim=True) * 1.0).amax(1), torch.randn(8, 1))
     (candidate,) = rewrites.propose(task)
     assert_same_function(task, candidate)
+
+
+def _gelu_new(x):  # GPT-2's hand-written tanh-GELU
+    return 0.5 * x * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * torch.pow(x, 3.0))))
+
+
+@pytest.mark.parametrize("fn, shapes, dtype, call", [
+    (lambda x, w, b: _gelu_new(torch.addmm(b, x.view(-1, 32), w)).view(2, 8, 48), [(2, 8, 32), (32, 48), (48,)],
+     torch.float32, "use_gelu=True"),
+    (lambda x, w, b: F.gelu(F.linear(x, w, b), approximate="tanh"), [(16, 32), (48, 32), (48,)], torch.bfloat16,
+     "use_gelu=True"),
+    (lambda x, w, b: torch.relu(F.linear(x, w, b)), [(2, 8, 32), (48, 32), (48,)], torch.float32, "use_gelu=False"),
+    (lambda x, w: (x @ w) * 0.5 * 2.0 / 3.0, [(16, 32), (32, 48)], torch.float32, "alpha=0.333"),
+], ids=["gpt2-gelu-new", "gelu-tanh-bf16", "linear-3d-relu", "scale-chain"])
+def test_gemm_epilogue_becomes_one_call(fn, shapes, dtype, call):
+    task = only_task(fn, *[torch.randn(s, dtype=dtype) for s in shapes])
+    assert task.kind == "matmul" and why_not(task, "gemm_epilogue") is None
+    (candidate,) = rewrites.propose(task)
+    assert candidate.origin == "builtin:rewrite:gemm_epilogue" and call in candidate.source
+    assert "tanh" not in candidate.source and "relu" not in candidate.source and "mul" not in candidate.source
+    assert_same_function(task, candidate, tol=2e-2 if dtype == torch.bfloat16 else 1e-4)
+
+
+def test_gemm_epilogue_keeps_what_follows_the_activation():
+    task = only_task(lambda x, w, r: torch.relu(x @ w) + r, torch.randn(16, 32), torch.randn(32, 48), torch.randn(16, 48))
+    (candidate,) = rewrites.propose(task)
+    assert "_addmm_activation" in candidate.source and "aten.add.Tensor" in candidate.source
+    assert_same_function(task, candidate)
+
+
+@pytest.mark.parametrize("fn, reason", [
+    (lambda x, w, b: F.gelu(F.linear(x, w, b)), "no relu, tanh-GELU or constant scale"),  # erf-GELU: not the same
+    (lambda x, w, b: (lambda y: (torch.relu(y), y))(F.linear(x, w, b)), "no relu, tanh-GELU or constant scale"),
+    (lambda x, w, b: torch.sigmoid(F.linear(x, w, b)), "no relu, tanh-GELU or constant scale"),
+], ids=["erf-gelu", "product-also-returned", "sigmoid"])
+def test_gemm_epilogue_does_not_fire_on_look_alikes(fn, reason):
+    for task in tasks_of(fn, torch.randn(16, 32), torch.randn(48, 32), torch.randn(48)):
+        why = why_not(task, "gemm_epilogue")
+        assert why is not None and reason in why, why
+
+
+def _bn_inputs(task):
+    """The task's inputs with every 1-D one (running statistics, affine weights) drawn in
+    [0.5, 2): random normal running variances would make half the channels NaN."""
+    program = load_program(task.program)
+    return lambda: [t.uniform_(0.5, 2.0) if t.dim() == 1 else t for t in program["get_inputs"]()]
+
+
+def _conv_bn(relu: bool, bias: bool = True, dtype=torch.float32):
+    layers = [torch.nn.Conv2d(8, 16, 3, padding=1, bias=bias), torch.nn.BatchNorm2d(16)] + ([torch.nn.ReLU()] if relu else [])
+    return torch.nn.Sequential(*layers).to(dtype).eval(), [torch.randn(2, 8, 16, 16, dtype=dtype)]
+
+
+@pytest.mark.parametrize("make, tol", [
+    (lambda: _conv_bn(relu=True), 1e-4),
+    (lambda: _conv_bn(relu=False, bias=False), 1e-4),
+    (lambda: _conv_bn(relu=True, dtype=torch.bfloat16), 2e-2),
+    (lambda: (torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.BatchNorm1d(64)).eval(), [torch.randn(8, 32)]), 1e-4),
+], ids=["conv-bn-relu", "conv-no-bias-bn", "conv-bn-relu-bf16", "linear-bn1d"])
+def test_inference_batchnorm_folds_into_the_weights(make, tol):
+    model, inputs = make()
+    with torch.no_grad():
+        (task,) = explain.tasks_of(explain.trace_tasks(model, inputs, backward=False))
+    assert why_not(task, "affine_fold") is None
+    candidates = [c for c in rewrites.propose(task) if "affine_fold" in c.origin]
+    (candidate,) = candidates
+    body = candidate.source.split("def forward")[1]
+    assert "sqrt" in body and ("convolution" in body or "addmm" in body)
+    assert body.index("sqrt") < body.index("convolution" if "convolution" in body else "addmm")  # weights first
+    assert_same_function(task, candidate, tol=tol, make_inputs=_bn_inputs(task))
+
+
+@pytest.mark.parametrize("fn, shapes, reason", [
+    (lambda x, w, s: torch.nn.functional.conv2d(x, w) * s, [(2, 8, 8, 8), (16, 8, 3, 3), (1, 16, 6, 6)],
+     "no per-channel affine op"),  # a scale per position, not per channel
+    (lambda x, w, s: torch.relu(torch.nn.functional.conv2d(x, w)) * s, [(2, 8, 8, 8), (16, 8, 3, 3), (16, 1, 1)],
+     "no per-channel affine op"),  # the ReLU comes first: nothing affine follows the product itself
+], ids=["spatial-scale", "relu-first"])
+def test_affine_fold_does_not_fire_on_look_alikes(fn, shapes, reason):
+    task = only_task(fn, *[torch.randn(s) for s in shapes])
+    why = why_not(task, "affine_fold")
+    assert why is not None and reason in why, why

@@ -6,11 +6,11 @@ from __future__ import annotations
 
 from agent_backend.specs import Candidate, Task
 
-from . import attention, gemm_reduce, trivial_reductions
+from . import affine_fold, attention, gemm_epilogue, gemm_reduce, trivial_reductions
 from .graph import candidate_source, copy_graph
 
 # In the order they are tried: a later rule sees what an earlier one left.
-RULES = (attention.RULE, gemm_reduce.RULE, trivial_reductions.RULE)
+RULES = (attention.RULE, gemm_reduce.RULE, affine_fold.RULE, gemm_epilogue.RULE, trivial_reductions.RULE)
 
 
 def explain(task: Task) -> list[tuple[str, str | None]]:
@@ -36,6 +36,7 @@ def propose(task: Task) -> list[Candidate]:
     for rule in RULES:
         if rule.apply(graph) is None:
             applied.append(rule.name)
+            graph.eliminate_dead_code()  # what the rule replaced is no one's input any more
     if not applied:
         return []
     candidates = [_candidate(candidate_source(graph, applied), applied)]

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import math
 
-import torch
 import torch.fx as fx
 
 from .graph import RESHAPE_OPS, aten, call, dtype, is_scalar, only_user, prims, reduced_dims, shape

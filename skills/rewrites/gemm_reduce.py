@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 import torch.fx as fx
 
-from .graph import RESHAPE_OPS, aten, call, dtype, is_scalar, only_user, reduced_dims, shape
+from .graph import RESHAPE_OPS, aten, call, dtype, is_scalar, only_user, plain_product_problem, reduced_dims, shape
 from .rule import Rule
 
 MATMULS = {aten.mm.default, aten.addmm.default, aten.bmm.default}
@@ -43,8 +43,9 @@ def _chain_to_reduction(mm: fx.Node):
 
 
 def _rewrite(graph: fx.Graph, mm: fx.Node, chain: list[fx.Node], reduction: fx.Node) -> str | None:
-    if mm.kwargs.get("beta", 1) != 1 or mm.kwargs.get("alpha", 1) != 1:
-        return f"{mm.name} scales its terms (alpha/beta)"
+    problem = plain_product_problem(mm, bias_per_column=False)  # any bias sums over N the same way
+    if problem:
+        return problem
     a, b = (mm.args[1], mm.args[2]) if mm.target is aten.addmm.default else (mm.args[0], mm.args[1])
     out_dtype = reduction.meta["val"].dtype
     acc = torch.float32 if out_dtype in (torch.float16, torch.bfloat16) else out_dtype
