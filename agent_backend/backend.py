@@ -7,6 +7,7 @@ from torch._inductor.compile_fx import compile_fx
 from .dispatch import Dispatcher
 from .graph_pass import GraphReport, SubgraphPass
 from .options import resolve
+from .progress import SearchProgress
 
 # Reports of every graph compiled in this process, for `cuda-agent explain` and tests.
 reports: list[GraphReport] = []
@@ -18,9 +19,10 @@ def cuda_agent_backend(gm: torch.fx.GraphModule, example_inputs, options: dict |
     settings = resolve(options)  # raises OptionError before any work
     config_patches = dict(torch._inductor.list_mode_options(mode)) if mode else {}
     if settings.mode != "off":
-        dispatcher = Dispatcher(settings)
+        progress = SearchProgress() if settings.mode == "search" else None  # blocking searches only
+        dispatcher = Dispatcher(settings, progress=progress)
         # config_patches (not a `with config.patch`) so the lazily compiled backward graph
         # goes through the pass too.
         config_patches["post_grad_custom_pre_pass"] = SubgraphPass(dispatcher.decide, settings.min_ops, reports,
-                                                                    dispatcher.cache_identity)
+                                                                    dispatcher.cache_identity, progress)
     return compile_fx(gm, example_inputs, config_patches=config_patches)

@@ -26,6 +26,14 @@ def build_parser() -> argparse.ArgumentParser:
         command.add_argument("--no-backward", action="store_true", help="forward graphs only")
         command.add_argument("--json", action="store_true", help="machine-readable output")
     add_cache_parser(sub)
+    trajectories = sub.add_parser("trajectories", help="the recorded candidates, as data to train models on")
+    trajectory_commands = trajectories.add_subparsers(dest="trajectories_command", required=True, metavar="COMMAND")
+    export = trajectory_commands.add_parser("export", help="every evaluated candidate as a chat example with a reward")
+    export.add_argument("--format", choices=("jsonl", "parquet"), default="jsonl",
+                        help="jsonl (default) or parquet (needs pyarrow)")
+    export.add_argument("-o", "--out", help="the file to write (default for jsonl: standard output)")
+    export.add_argument("--cache-dir", help="the local cache directory the trajectories lie in (default: "
+                                            "$CUDA_AGENT_CACHE_DIR, else $XDG_CACHE_HOME/cuda_agent, else ~/.cache/cuda_agent)")
     return parser
 
 
@@ -43,13 +51,17 @@ def main(argv: list[str] | None = None) -> int:
         from .explain import run_explain
         return run_explain(args.target, args.json)
     if args.command in ("warm", "report"):
-        if args.command == "warm" and not args.verbose:  # a search is long: show its progress
+        # A search is long: show its progress, as one line on a terminal, else as log lines.
+        if args.command == "warm" and not args.verbose and not sys.stderr.isatty():
             logging.basicConfig(level=logging.INFO, format="%(message)s")
         from .warm import run_warm_or_report
         return run_warm_or_report(args.command, args.target, args.option, args.json, not args.no_backward)
     if args.command == "cache":
         from kernel_cache.cli import run_cache_command
         return run_cache_command(args, verifier=_verify_entry)
+    if args.command == "trajectories":
+        from .trajectory_export import run_trajectories_command
+        return run_trajectories_command(args)
     return 2
 
 

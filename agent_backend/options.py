@@ -5,12 +5,15 @@ Each option can also come from a `CUDA_AGENT_<NAME>` environment variable; an op
 """
 from __future__ import annotations
 
+import importlib.util
 import os
 from dataclasses import dataclass, fields
 from typing import Any, Callable
 
-MODES = ("search", "cached", "off")
+MODES = ("search", "background", "cached", "off")
 POLICIES = ("builtin", "llm")
+# llm_engine -> (the package it needs, the extra of this project that installs it)
+LLM_ENGINES = {"openai": ("openai", "openai"), "vllm": ("vllm", "vllm"), "transformers": ("transformers", "hf")}
 
 
 class OptionError(ValueError):
@@ -51,6 +54,25 @@ def _min_speedup(v: Any) -> float:
     x = _positive(float)(v)
     if x < 1.0:
         raise ValueError("must be at least 1.0 (a kernel slower than Inductor never wins)")
+    return x
+
+
+def _slack(v: Any) -> float:
+    if isinstance(v, bool):
+        raise ValueError("must be a number of at least 0")
+    try:
+        x = float(v)
+    except (TypeError, ValueError):
+        raise ValueError("must be a number of at least 0") from None
+    if not x >= 0.0:
+        raise ValueError("must be a number of at least 0")
+    return x
+
+
+def _fraction(v: Any) -> float:
+    x = _positive(float)(v)
+    if x > 1.0:
+        raise ValueError("must be a fraction, at most 1.0")
     return x
 
 
@@ -101,22 +123,38 @@ class Option:
 
 OPTIONS: tuple[Option, ...] = (
     Option("mode", "search", _choice(MODES),
-           "search: look subgraphs up in the cache and search kernels for misses on a GPU; "
-           "cached: use cached winners only, never search; off: plain Inductor"),
+           "search: look subgraphs up in the cache and search kernels for misses on a GPU, before the compile "
+           "returns; background: the compile returns at once with Inductor's code for misses and searches them "
+           "in a background thread (winners run after agent_backend.refresh(), the next compile or the next "
+           "process); cached: use cached winners only, never search; off: plain Inductor"),
     Option("policy", "builtin", _choice(POLICIES),
            "who writes candidates: builtin = the template library in skills/ (needs no model); "
-           "llm = a model behind an OpenAI-compatible chat API (set llm_url and llm_model)"),
+           "llm = a chat model (see llm_engine and llm_model)"),
+    Option("llm_engine", "openai", _choice(tuple(LLM_ENGINES)),
+           "policy=llm: how the model is run: openai = a server with an OpenAI-compatible chat API "
+           "(`vllm serve`; set llm_url; extra [openai]); vllm = vLLM's offline engine in this process "
+           "(extra [vllm]); transformers = a local Hugging Face model in this process (extra [hf])"),
     Option("llm_url", None, _optional_str,
-           "policy=llm: base URL of the chat API, e.g. http://localhost:8000/v1 for `vllm serve`"),
-    Option("llm_model", None, _optional_str, "policy=llm: the model name to ask for"),
-    Option("llm_api_key", None, _optional_str, "policy=llm: bearer token for the API, where it needs one"),
-    Option("llm_samples", 4, _positive(int), "policy=llm: candidates asked for per round"),
+           "llm_engine=openai: base URL of the chat API, e.g. http://localhost:8000/v1 for `vllm serve`"),
+    Option("llm_model", None, _optional_str,
+           "policy=llm: the model: its name on the server (openai), a name or path (vllm), "
+           "a local directory (transformers)"),
+    Option("llm_api_key", None, _optional_str, "llm_engine=openai: bearer token for the API, where it needs one"),
+    Option("llm_samples", 4, _positive(int),
+           "policy=llm: conversations sampled in parallel; each gets one new answer per round"),
+    Option("llm_max_new_tokens", 8192, _positive(int), "policy=llm: the longest answer, in tokens"),
+    Option("llm_gpu_memory", 0.5, _fraction,
+           "llm_engine=vllm: the fraction of the GPU's memory vLLM may take (the rest is for the "
+           "kernels under test and your model)"),
     Option("cache_dir", None, _optional_str,
            "local cache directory (default $XDG_CACHE_HOME/cuda_agent or ~/.cache/cuda_agent)"),
     Option("team_cache", (), _path_list,
            "read-only team caches or bundles, looked up after the local cache (list, or os.pathsep-separated)"),
     Option("trust_key", None, _optional_str,
            "HMAC key: team-cache entries signed with it are used without re-verification"),
+    Option("record_trajectories", True, _bool,
+           "record every evaluated candidate (prompt, answer, verdict, timings) in trajectories.sqlite "
+           "beside the cache, for `cuda-agent trajectories export`"),
     Option("search_budget_s", 120.0, _positive(float), "wall-clock seconds the search may spend on one subgraph"),
     Option("max_candidates", 16, _positive(int), "candidates evaluated per subgraph at most"),
     Option("min_speedup", 1.05, _min_speedup,
@@ -124,6 +162,16 @@ OPTIONS: tuple[Option, ...] = (
     Option("allow_reduced_precision", False, _bool,
            "let kernels win with TF32/bf16 arithmetic for fp32 subgraphs (off: same precision as the reference)"),
     Option("devices", None, _devices, 'GPUs the search may use: "all" (default) or a list such as ["cuda:0"]'),
+    Option("gate", True, _bool,
+           "time Inductor's kernel first and skip the search where it runs so close to the subgraph's floor "
+           "(bytes over the GPU's copy rate, FLOPs over its matmul peak, one launch) that no kernel could beat "
+           "it by min_speedup"),
+    Option("gate_slack", 0.05, _slack,
+           "gate: how far above the floor the best kernels are taken to stay (0.05: 5%); the search is skipped "
+           "when Inductor's time is at most floor * min_speedup * (1 + gate_slack)"),
+    Option("background_share", 0.5, _fraction,
+           "mode=background: the largest fraction of wall time the search's workers may be busy (they rest "
+           "between requests), leaving the GPU and CPU to your program the rest of the time"),
     Option("min_ops", 2, _positive(int),
            "smallest subgraph (in ops) worth a search; single pointwise ops are already optimal in Inductor"),
 )
@@ -136,18 +184,25 @@ ENV_PREFIX = "CUDA_AGENT_"
 class Settings:
     mode: str
     policy: str
+    llm_engine: str
     llm_url: str | None
     llm_model: str | None
     llm_api_key: str | None
     llm_samples: int
+    llm_max_new_tokens: int
+    llm_gpu_memory: float
     cache_dir: str | None
     team_cache: tuple[str, ...]
     trust_key: str | None
+    record_trajectories: bool
     search_budget_s: float
     max_candidates: int
     min_speedup: float
     allow_reduced_precision: bool
     devices: tuple[str, ...] | None
+    gate: bool
+    gate_slack: float
+    background_share: float
     min_ops: int
 
     def public(self) -> dict:
@@ -183,10 +238,35 @@ def resolve(options: dict | None = None, environ: dict | None = None) -> Setting
             values[opt.name] = _parse(opt, environ[env_name], f"environment variable {env_name}")
         else:
             values[opt.name] = opt.default
-    if values["policy"] == "llm" and not (values["llm_url"] and values["llm_model"]):
-        raise OptionError("cuda_agent: policy 'llm' needs llm_url (the chat API, e.g. http://localhost:8000/v1) "
-                          "and llm_model (the model it serves)")
+    if values["policy"] == "llm":
+        _check_llm(values)
     return Settings(**values)
+
+
+def missing_engine_package(engine: str) -> str | None:
+    """Why `engine` cannot run here (its package is not installed, and how to install it), or None."""
+    package, extra = LLM_ENGINES[engine]
+    if importlib.util.find_spec(package) is not None:
+        return None
+    return (f"cuda_agent: llm_engine {engine!r} needs the {package} package, which is not installed: "
+            f"pip install 'cuda-agent[{extra}]'")
+
+
+def _check_llm(values: dict) -> None:
+    engine, model = values["llm_engine"], values["llm_model"]
+    if engine == "openai" and not values["llm_url"]:
+        raise OptionError("cuda_agent: policy 'llm' with llm_engine 'openai' needs llm_url (the chat API, "
+                          "e.g. http://localhost:8000/v1) and llm_model (the model it serves)")
+    if not model:
+        raise OptionError(f"cuda_agent: policy 'llm' needs llm_model (llm_engine {engine!r}: "
+                          + {"openai": "the model the server serves", "vllm": "a model name or directory",
+                             "transformers": "a local model directory"}[engine] + ")")
+    if engine == "transformers" and not os.path.isdir(model):
+        raise OptionError(f"cuda_agent: llm_engine 'transformers' loads llm_model from a local directory, "
+                          f"and {model!r} is not one")
+    missing = missing_engine_package(engine)
+    if missing:
+        raise OptionError(missing)
 
 
 def options_help() -> str:

@@ -1,15 +1,19 @@
 """The agent loop for one task: propose, evaluate in the workers, keep the fastest verified
 candidate, within a budget of candidates and seconds. The result is a cache entry either way:
-a winner, "Inductor wins", or why the search failed."""
+a winner, "Inductor wins", or why the search failed. Before it, the gate (`gate_task`): where
+Inductor already runs at the task's floor, the loop is skipped. Each round's candidates and
+verdicts go to `record` (the trajectories), and back to the policy as feedback for its next round."""
 from __future__ import annotations
 
 import logging
 import time
+from typing import Callable
 
 from kernel_cache import Entry, make_provenance
 
-from .env.results import counted_ms
-from .specs import Task
+from . import gate
+from .env.results import Evaluation, counted_ms
+from .specs import Candidate, Task
 
 log = logging.getLogger("cuda_agent.search")
 
@@ -27,8 +31,52 @@ def _phase_totals(evaluations) -> dict[str, float]:
     return totals
 
 
-def search_task(task: Task, env, policy, *, budget_s: float, max_candidates: int) -> Entry:
-    """Run the loop and return the entry to cache (never raises for a bad candidate)."""
+def evaluate_round(task: Task, env, candidates: list[Candidate]) -> list[Evaluation]:
+    """The verdict on each candidate, in order: from the workers, or "rejected" without running
+    it where the policy found nothing to run in an answer."""
+    runnable = [c for c in candidates if c.rejection is None]
+    verdicts = iter(env.evaluate_many(task, runnable) if runnable else [])
+    return [Evaluation("rejected", c.rejection) if c.rejection is not None else next(verdicts) for c in candidates]
+
+
+def gate_task(task: Task, env, policy, *, precision: dict, min_speedup: float, slack: float,
+              floors_path: str | None) -> tuple[Entry | None, dict | None]:
+    """Time Inductor's kernel for `task` and set it against the task's floor on that GPU
+    (gate.py). Returns the entry to cache where no kernel could beat Inductor by `min_speedup`
+    (outcome "inductor", reason "Inductor at floor: ..."), else None; and the gate's numbers
+    (None where Inductor could not be timed or the GPU has no floors: the search decides)."""
+    from skills import rewrites
+
+    start = time.monotonic()
+    timing = env.time_reference(task, floors_path)
+    if timing.status != "passed" or timing.floors is None:
+        log.info("task %s: no gate (%s)", task.hash[:12], timing.reason or timing.floors_note)
+        return None, None
+    try:
+        floor = gate.task_floor(gate.task_bytes(task), gate.task_work(task, precision),
+                                gate.Floors.from_json(timing.floors), rewritable=rewrites.supports(task) is None)
+    except Exception as e:  # a floor we cannot compute must not cost the task its search
+        log.warning("cuda_agent: no gate for task %s (%s: %s)", task.hash[:12], type(e).__name__, e, exc_info=True)
+        return None, None
+    verdict = gate.judge(timing.inductor_ms["median"], floor, min_speedup, slack)
+    log.info("task %s: %s", task.hash[:12], verdict.reason())
+    record = verdict.to_json()
+    if not verdict.skip:
+        return None, record
+    timings = {"inductor_ms": timing.inductor_ms, "gate": record, "search_s": time.monotonic() - start,
+               "evaluated": 0, "phase_s": timing.phase_s}
+    return Entry(outcome="inductor", reason=verdict.reason(), source=None, origin="gate", binaries={}, launch={},
+                 timings=timings, verification={},
+                 provenance=make_provenance(policy.name, policy_revision=policy.revision),
+                 task=task.to_json()), record
+
+
+def search_task(task: Task, env, policy, *, budget_s: float, max_candidates: int,
+                record: Callable[[list[Candidate], list[Evaluation]], None] | None = None,
+                progress: Callable[[str, float | None], None] | None = None) -> Entry:
+    """Run the loop and return the entry to cache (never raises for a bad candidate);
+    `record(candidates, evaluations)` is called after each round, and `progress(what the loop is
+    doing, best speedup so far)` told of each round."""
     start = time.monotonic()
     feedback: list = []
     evaluated = 0
@@ -40,7 +88,12 @@ def search_task(task: Task, env, policy, *, budget_s: float, max_candidates: int
             break
         log.info("task %s (%s, %d ops): evaluating %d candidate(s)", task.hash[:12], task.kind,
                  len(task.ops), len(candidates))
-        results = env.evaluate_many(task, candidates)
+        if progress:
+            progress(f"evaluating {len(candidates)} candidate(s), {evaluated} of at most {max_candidates} done",
+                     best[1].profile["counted_speedup"] if best else None)
+        results = evaluate_round(task, env, candidates)
+        if record is not None:
+            record(candidates, results)
         for cand, ev in zip(candidates, results):
             evaluated += 1
             log.info("  %s: %s%s", cand.origin, ev.status,

@@ -2,7 +2,8 @@
 
 warm searches every subgraph without a cached result (mode="search") and fills the cache, so
 that later compiles, here or wherever the cache is shared, find their kernels; report only
-looks up (mode="cached") and says, per subgraph, what the backend would run.
+looks up (mode="cached") and says, per subgraph, what the backend would run, with the gate's
+numbers where it timed the subgraph (Inductor's time, the floor, the margin).
 """
 from __future__ import annotations
 
@@ -50,16 +51,29 @@ def outcome(decision: Decision) -> str:
     return "kernel" if decision.winner_key else "inductor"
 
 
+def format_gate(record: dict) -> str:
+    """The gate's numbers on one line: Inductor's time, the floor and what set it, the margin."""
+    verdict = "skipped the search" if record["skipped"] else "searched"
+    return (f"gate: Inductor {record['inductor_ms']:.4f} ms, floor {record['floor_ms']:.4f} ms ({record['bound']}), "
+            f"margin {record['margin']:.1%}, bar {record['threshold']:.3f}x: {verdict}")
+
+
 def format_decisions(decisions: list[Decision]) -> str:
-    lines = [f"{d.task.hash[:16]}  {d.task.kind:<9} {outcome(d):<8}  {d.reason}" for d in decisions]
+    lines = []
+    for d in decisions:
+        lines.append(f"{d.task.hash[:16]}  {d.task.kind:<9} {outcome(d):<8}  {d.reason}")
+        if d.gate:
+            lines.append(f"{'':16}  {'':9} {'':8}  {format_gate(d.gate)}")
     won = sum(1 for d in decisions if d.winner_key)
-    lines.append(f"{len(decisions)} subgraph(s): {won} run by our kernels, {len(decisions) - won} by Inductor")
+    gated = sum(1 for d in decisions if d.gate and d.gate["skipped"])
+    lines.append(f"{len(decisions)} subgraph(s): {won} run by our kernels, {len(decisions) - won} by Inductor"
+                 + (f" ({gated} where the gate found Inductor at the floor)" if gated else ""))
     return "\n".join(lines)
 
 
 def decisions_to_json(decisions: list[Decision]) -> list[dict]:
     return [{"hash": d.task.hash, "kind": d.task.kind, "ops": list(d.task.ops), "outcome": outcome(d),
-             "reason": d.reason, "device": d.task.outputs[0].device} for d in decisions]
+             "reason": d.reason, "device": d.task.outputs[0].device, "gate": d.gate} for d in decisions]
 
 
 def run_warm_or_report(command: str, spec: str, option_pairs: list[str], as_json: bool, backward: bool) -> int:

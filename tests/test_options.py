@@ -8,6 +8,7 @@ from agent_backend.options import OPTIONS, OptionError, options_help, resolve
 def test_defaults():
     s = resolve({}, environ={})
     assert s.mode == "search" and s.min_speedup == 1.05 and s.allow_reduced_precision is False
+    assert (s.gate, s.gate_slack, s.background_share) == (True, 0.05, 0.5)
 
 
 def test_unknown_key_names_valid_keys():
@@ -20,7 +21,11 @@ def test_unknown_key_names_valid_keys():
 
 
 @pytest.mark.parametrize("key,value,expect", [
-    ("mode", "fast", "must be one of search, cached, off"),
+    ("mode", "fast", "must be one of search, background, cached, off"),
+    ("gate", "sometimes", "true or false"),
+    ("gate_slack", -0.1, "at least 0"),
+    ("background_share", 1.5, "at most 1.0"),
+    ("background_share", 0, "positive float"),
     ("min_speedup", 0.9, "at least 1.0"),
     ("search_budget_s", -1, "positive float"),
     ("max_candidates", "many", "positive int"),

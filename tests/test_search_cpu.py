@@ -53,3 +53,16 @@ def test_max_candidates_is_respected(env):
     cands = [make_candidate("return torch.relu(a + b)") for _ in range(3)]
     entry = search_task(TASK, env, ListPolicy(cands), budget_s=600, max_candidates=1)
     assert entry.timings["evaluated"] == 1
+
+
+def test_progress_hears_of_each_round_and_the_best_speedup(env):
+    class TwoRounds(ListPolicy):
+        def propose(self, task, feedback):
+            return list(self.candidates) if len(feedback) < 2 else []
+
+    heard = []
+    search_task(TASK, env, TwoRounds([make_candidate("return torch.relu(a + b)")]), budget_s=600, max_candidates=8,
+                progress=lambda stage, best: heard.append((stage, best)))
+    assert [stage for stage, _ in heard] == ["evaluating 1 candidate(s), 0 of at most 8 done",
+                                             "evaluating 1 candidate(s), 1 of at most 8 done"]
+    assert heard[0][1] is None and heard[1][1] > 0, "the second round knows the first one's speedup"

@@ -234,12 +234,21 @@ class PoisonedAllocations:
 
 def _watched_modules() -> list[types.ModuleType]:
     # Lazy: this package's own modules import this one.
-    from agent_backend import specs
-    from agent_backend.env import candidate_loader, compare, profile, verify, worker
+    from agent_backend import runtime, specs
+    from agent_backend.env import candidate_loader, compare, launch_op, profile, verify, worker
 
     return [time, sys, threading, torch, torch._C, torch.cuda, torch.nn.functional, torch.backends.cuda,
             torch.backends.cudnn, specs, sys.modules[__name__], candidate_loader, compare, profile, verify,
-            worker]
+            worker, runtime, launch_op]
+
+
+# The ops a candidate is timed through (runtime.as_called_by_a_graph): a kernel registered for
+# one of them in the worker would run there, not where the winner runs.
+_WATCHED_OPS = ("cuda_agent::launch", "cuda_agent::run_winner")
+
+
+def _op_registrations() -> dict[str, str]:
+    return {op: torch._C._dispatch_dump(op) for op in _WATCHED_OPS}
 
 
 def _watched_classes() -> list[type]:
@@ -274,12 +283,16 @@ class PatchFingerprint:
             self._namespaces[label] = lambda c=cls: _resolved_attributes(c)
             for name, obj in _resolved_attributes(cls).items():
                 self._objects[(label, name)] = obj
+        self._registrations = _op_registrations()
 
     def changed(self) -> list[str]:
-        """'owner.name' of each watched object that was replaced or removed since this was taken."""
+        """'owner.name' of each watched object that was replaced or removed since this was taken,
+        and the watched ops whose kernels changed."""
         now = {label: namespace() for label, namespace in self._namespaces.items()}
-        return [f"{owner}.{name}" for (owner, name), obj in self._objects.items()
-                if now[owner].get(name, _UNREADABLE) is not obj]
+        registrations = _op_registrations()
+        return ([f"{owner}.{name}" for (owner, name), obj in self._objects.items()
+                 if now[owner].get(name, _UNREADABLE) is not obj]
+                + [f"the kernels of {op}" for op, dump in self._registrations.items() if registrations[op] != dump])
 
 
 # ----------------------------------------------------------------------------- threads
