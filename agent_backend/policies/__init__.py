@@ -25,10 +25,9 @@ def make_policy(settings: Settings):
         from .builtin import BuiltinPolicy
         return BuiltinPolicy()
     if settings.policy == "llm":
-        from .chat import OpenAIChat
+        from .chat import make_chat
         from .llm import LLMPolicy
-        chat = OpenAIChat(settings.llm_url, settings.llm_model, settings.llm_api_key, timeout_s=settings.search_budget_s)
-        return LLMPolicy(chat, settings.llm_samples)
+        return LLMPolicy(make_chat(settings), settings.llm_samples)
     raise ValueError(f"unknown policy {settings.policy!r}")  # options.py validated it already
 
 

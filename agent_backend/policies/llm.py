@@ -1,51 +1,34 @@
-"""The `llm` policy: a chat model writes the candidates (today through an OpenAI-compatible chat
-API, `vllm serve` or any server that speaks /chat/completions: chat.py).
+"""The `llm` policy: a chat model writes the candidates in multi-turn conversations with the
+environment, as in the agent loop of CUDA Agent (arXiv 2602.24286), run by one of the chat
+engines of chat.py.
 
-Each round asks for `samples` answers to one prompt: skills/SKILL.md as the system message, then
-the task's program and, from the second round on, the latest earlier candidates with what the
-environment said of each (compile errors, mismatches, speedups). Each answer's last Python code
-block defining ModelNew is a candidate. The search loop decides how many rounds there are.
+Round 1 samples `samples` answers to one opening (skills/SKILL.md as the system message, the task
+as the first user turn); each answer starts a conversation. Every later round replies to each
+conversation's last answer with what the environment found (prompts.py: the compiler's errors,
+the check that failed with its input set and worst error, or the timing against Inductor) and
+samples one new answer in each. An answer's last Python code block defining ModelNew is a
+candidate; an answer without one is rejected without running (and told so); an answer repeating
+earlier code is not run again (and told what that code got). The search decides how many rounds
+there are (its budget of candidates and seconds) and keeps the best verified candidate.
+
+Long conversations are cut before they are sent: the opening and the last _TURNS_KEPT exchanges
+stay, and an answer longer than _MAX_ANSWER_CHARS stays in the history as its code block alone.
 """
 from __future__ import annotations
 
 import functools
 import hashlib
 import re
-from pathlib import Path
+from dataclasses import dataclass, field
 
 from ..specs import Candidate, Task
+from . import prompts
 from .chat import ChatClient
 
-# Bound the prompt: the latest attempts only, their sources and verdicts cut to these lengths.
-_MAX_ATTEMPTS_SHOWN = 8
-_MAX_FEEDBACK_SOURCE = 8000
-_MAX_FEEDBACK_REASON = 1500
-
-_TASK_PROMPT = """\
-Write a faster `ModelNew` for this PyTorch program. It must compute the same outputs for inputs
-with exactly these shapes, strides and dtypes, on device {device}.
-
-```python
-{program}
-```
-
-Inputs: {inputs}
-Outputs: {outputs}
-"""
-_FEEDBACK_PROMPT = """\
-
-Your previous answers and what the environment found:
-{attempts}
-Improve on them: fix what failed, and make the fastest correct one faster.
-"""
-_ANSWER_PROMPT = """
-Answer with one complete Python code block that defines `class ModelNew(nn.Module)`.
-"""
+_TURNS_KEPT = 3
+_MAX_ANSWER_CHARS = 12000
+NO_CODE = "the answer has no ```python code block that defines class ModelNew(nn.Module)"
 _CODE_BLOCK = re.compile(r"```(?:python|py)?[ \t]*\n(.*?)```", re.DOTALL)
-
-
-def _signature(specs) -> str:
-    return ", ".join(f"{s.dtype}{list(s.shape)} stride {list(s.stride)}" for s in specs)
 
 
 def extract_source(answer: str) -> str | None:
@@ -54,21 +37,38 @@ def extract_source(answer: str) -> str | None:
     return blocks[-1].strip() + "\n" if blocks else None
 
 
-def _verdict(ev) -> str:
-    if ev.status == "passed" and ev.profile and ev.profile.get("speedup_vs_inductor"):
-        return f"correct, {ev.profile['speedup_vs_inductor']:.2f}x the speed of torch.compile (Inductor)"
-    if ev.status == "passed":
-        return "correct"
-    return f"{ev.status}: {ev.reason[:_MAX_FEEDBACK_REASON]}"
+@dataclass
+class _Conversation:
+    messages: list[dict]  # as sent for its last answer, then that answer
+    last: int  # the search's candidate its last answer is, or repeats
+    repeated: bool
+
+
+@dataclass
+class _Search:
+    candidates: list[Candidate] = field(default_factory=list)  # in the order the search evaluates them
+    by_source: dict[str, int] = field(default_factory=dict)
+    conversations: list[_Conversation] = field(default_factory=list)
+    rounds: int = 0
+
+
+def _kept(answer: str, source: str | None) -> str:
+    """An answer as the history keeps it."""
+    if len(answer) <= _MAX_ANSWER_CHARS:
+        return answer
+    return f"```python\n{source}```" if source else answer[:_MAX_ANSWER_CHARS] + "\n... (cut)"
+
+
+def _compact(messages: list[dict]) -> list[dict]:
+    """The opening, then the last _TURNS_KEPT (answer, reply) exchanges."""
+    opening, exchanges = messages[:2], messages[2:]
+    return opening + exchanges[-2 * _TURNS_KEPT:]
 
 
 class LLMPolicy:
     def __init__(self, chat: ChatClient, samples: int):
         self.chat, self.model, self.samples = chat, chat.model, samples
-        import skills
-        self.skill = (Path(skills.__file__).parent / "SKILL.md").read_text()
-        self._proposed: dict[str, list[Candidate]] = {}  # task hash -> candidates, in the order evaluated
-        self._rounds: dict[str, int] = {}
+        self._search: tuple[str, _Search] | None = None  # (task hash, state) of the search under way
 
     @property
     def name(self) -> str:
@@ -76,34 +76,51 @@ class LLMPolicy:
 
     @functools.cached_property
     def revision(self) -> str:
-        """The model and every word it is shown: a change to any re-opens cached losers."""
-        text = "\0".join([self.model, self.skill, _TASK_PROMPT, _FEEDBACK_PROMPT, _ANSWER_PROMPT])
-        return hashlib.sha256(text.encode()).hexdigest()[:16]
+        """The model and every word it may be shown: a change to any re-opens cached losers."""
+        return hashlib.sha256(f"{self.model}\0{prompts.all_text()}".encode()).hexdigest()[:16]
 
     def why_not(self, task: Task) -> str | None:
         return None  # a model may try any task
 
     def propose(self, task: Task, feedback: list) -> list[Candidate]:
-        if not feedback:  # a new search of this task: earlier answers belong to another one
-            self._proposed[task.hash], self._rounds[task.hash] = [], 0
-        earlier = self._proposed[task.hash]
-        round_number = self._rounds[task.hash] = self._rounds[task.hash] + 1
-        answers = self.chat.complete(self._messages(task, list(zip(earlier, feedback))), self.samples)
-        candidates, seen = [], {c.source for c in earlier}
-        for i, answer in enumerate(answers):
+        if not feedback:  # a new search (the dispatcher runs one at a time): earlier state is done with
+            search = _Search()
+            self._search = (task.hash, search)
+            opening = prompts.opening(task)
+            sent = [opening] * self.samples
+            answers = self.chat.complete([opening], self.samples)[0]
+        else:
+            searched, search = self._search
+            assert searched == task.hash, "feedback on another task than the search under way"
+            sent = [_compact(c.messages + [{"role": "user", "content": self._reply(search, c, feedback)}])
+                    for c in search.conversations]
+            answers = [samples[0] for samples in self.chat.complete(sent, 1)]
+        search.rounds += 1
+        new, search.conversations = [], []
+        for i, (messages, answer) in enumerate(zip(sent, answers)):
             source = extract_source(answer)
-            if source and source not in seen:
-                seen.add(source)
-                candidates.append(Candidate(source, self.name, {"round": round_number, "sample": i}))
-        earlier.extend(candidates)
-        return candidates
+            repeated = source is not None and source in search.by_source
+            if repeated:
+                index = search.by_source[source]
+            else:
+                index = len(search.candidates)
+                candidate = Candidate(source or "", self.name, {"round": search.rounds, "sample": i},
+                                      conversation=tuple(messages), answer=answer,
+                                      rejection=None if source else NO_CODE)
+                search.candidates.append(candidate)
+                new.append(candidate)
+                if source:
+                    search.by_source[source] = index
+            history = messages + [{"role": "assistant", "content": _kept(answer, source)}]
+            search.conversations.append(_Conversation(history, index, repeated))
+        return new
 
-    def _messages(self, task: Task, attempts: list) -> list[dict]:
-        prompt = _TASK_PROMPT.format(device=task.outputs[0].device, program=task.program.strip(),
-                                     inputs=_signature(task.inputs), outputs=_signature(task.outputs))
-        if attempts:
-            first = max(0, len(attempts) - _MAX_ATTEMPTS_SHOWN)
-            prompt += _FEEDBACK_PROMPT.format(attempts="".join(
-                f"\nAttempt {k + 1}: {_verdict(ev)}\n```python\n{c.source[:_MAX_FEEDBACK_SOURCE]}```\n"
-                for k, (c, ev) in enumerate(attempts) if k >= first))
-        return [{"role": "system", "content": self.skill}, {"role": "user", "content": prompt + _ANSWER_PROMPT}]
+    @staticmethod
+    def _reply(search: _Search, conversation: _Conversation, feedback: list) -> str:
+        """What the environment said of the conversation's last answer."""
+        evaluation = feedback[conversation.last]
+        if conversation.repeated:
+            return prompts.repeated(evaluation)
+        if search.candidates[conversation.last].rejection is not None:
+            return prompts.no_code()
+        return prompts.reply(evaluation)
