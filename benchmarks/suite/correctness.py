@@ -1,0 +1,56 @@
+"""Is a compiled contender's result eager's result? Tolerances by dtype, scaled per problem.
+
+A result is every output tensor (and, for a training step, every parameter gradient). A
+contender passes when each element is within tol * (peak + |eager|), peak being the largest
+|eager| in that tensor (a sum reordered over a long row errs in proportion to the row's
+magnitude, not to the one element's), or else when its largest error is no more than twice
+Inductor's: in deep bf16 networks both compilers drift from eager by reordering sums, and that
+drift is not ours to fix; a wrong kernel is far further off.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+TOLERANCES = {"fp32": 1e-3, "bf16": 2e-2}
+
+
+def tensors(out) -> list[torch.Tensor]:
+    """The tensors in a nested output (a tensor, tuples and lists, a transformers ModelOutput)."""
+    if isinstance(out, torch.Tensor):
+        return [out]
+    if hasattr(out, "to_tuple"):
+        out = out.to_tuple()
+    if isinstance(out, (list, tuple)):
+        return [t for o in out for t in tensors(o)]
+    return []
+
+
+def compare(got: list[torch.Tensor], expected: list[torch.Tensor], dtype: str, scale: float = 1.0) -> dict:
+    """{"max_err": largest |got - expected| (None where shapes differ or got is not finite where
+    expected is), "within_tol": bool}."""
+    if len(got) != len(expected) or any(g.shape != e.shape for g, e in zip(got, expected)):
+        return {"max_err": None, "within_tol": False}
+    tol = TOLERANCES[dtype] * scale
+    max_err, within = 0.0, True
+    for g, e in zip(got, expected):
+        g, e = g.detach().double(), e.detach().double()
+        both_nan = g.isnan() & e.isnan()
+        err = torch.where(both_nan | (g == e), torch.zeros_like(g), (g - e).abs())  # equal infinities: no error
+        worst = err.max().item() if err.numel() else 0.0
+        if not math.isfinite(worst):
+            return {"max_err": None, "within_tol": False}
+        max_err = max(max_err, worst)
+        peak = e.abs().max() if e.numel() else 0.0
+        within = within and bool((err <= tol * (peak + e.abs())).all())
+    return {"max_err": max_err, "within_tol": within}
+
+
+def verdict(ours: dict, inductor: dict) -> str:
+    """"ok", "ok (as close as Inductor)" or "MISMATCH" for our result against eager."""
+    if ours["within_tol"]:
+        return "ok"
+    if ours["max_err"] is not None and inductor["max_err"] is not None and ours["max_err"] <= 2 * inductor["max_err"]:
+        return "ok (as close as Inductor)"
+    return "MISMATCH"

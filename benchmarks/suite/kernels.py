@@ -1,0 +1,48 @@
+"""Which of our kernels a compiled model ran, and what the backend decided for its subgraphs.
+
+Winners live in agent_backend.runtime's registry, each counting its calls; the difference of two
+snapshots taken around the timed calls says which ran there. A winner's origin names who wrote
+it: "builtin:<family>:<detail>" for the built-in library (rewrite, pointwise, ...), else the
+policy's name (e.g. "llm").
+"""
+from __future__ import annotations
+
+from agent_backend import runtime
+from agent_backend.graph_pass import Decision
+
+
+def winner_calls() -> dict[str, int]:
+    """key -> calls so far, for every winner loaded in this process."""
+    return {key: winner.calls for key, winner in runtime._registry.items()}
+
+
+def family(origin: str) -> str:
+    parts = origin.split(":")
+    return parts[1] if parts[0] == "builtin" and len(parts) > 1 else parts[0]
+
+
+def kernels_run(before: dict[str, int], after: dict[str, int], decisions: list[Decision]) -> list[dict]:
+    """Our kernels called between two snapshots, with the subgraph each replaced (from `decisions`)."""
+    tasks = {d.winner_key: d.task for d in decisions if d.winner_key}
+    ran = []
+    for key, calls in after.items():
+        if calls <= before.get(key, 0):
+            continue
+        winner, task = runtime.registered(key), tasks.get(key)
+        ran.append({"key": key[:12], "origin": winner.origin, "family": family(winner.origin),
+                    "calls": calls - before.get(key, 0), "kind": task.kind if task else None,
+                    "ops": len(task.ops) if task else None})
+    return ran
+
+
+def subgraph_summary(decisions: list[Decision]) -> dict:
+    """How many subgraphs the backend made tasks of, how many it gave our kernels, and the
+    commonest reasons the rest stayed with Inductor."""
+    tasks = [d for d in decisions if d.task is not None]
+    reasons: dict[str, int] = {}
+    for d in tasks:
+        if not d.winner_key:
+            reasons[d.reason] = reasons.get(d.reason, 0) + 1
+    top = sorted(reasons.items(), key=lambda kv: -kv[1])[:3]
+    return {"tasks": len(tasks), "ours": sum(1 for d in tasks if d.winner_key),
+            "left_to_inductor": [{"reason": r, "count": n} for r, n in top]}

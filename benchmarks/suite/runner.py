@@ -1,0 +1,167 @@
+"""Run one problem in one dtype: eager, Inductor and cuda_agent on the same model and inputs.
+
+Order of work: build (seeded) -> eager's result -> compile ours, then Inductor (each timed on its
+first call, synchronised, each in a fresh Inductor/Triton cache directory so that neither reuses
+kernels the other, or an earlier run, compiled) -> correctness against eager -> interleaved
+timing of all three, with our winners' call counts snapshotted around it.
+"""
+from __future__ import annotations
+
+import copy
+import gc
+import time
+import traceback
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+from torch._inductor.utils import fresh_cache
+
+from agent_backend import backend
+
+from . import correctness, kernels, timing
+from .problem import Problem, build
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    device: str  # "cuda", or "cpu" for the dry run
+    small: bool  # the problems' small sizes
+    rounds: int
+    calls: int  # timed calls per contender per round
+    options: dict  # the cuda_agent backend's options
+    copy_bytes_per_s: float  # for floors
+    compile_dir: str  # where each compile gets its fresh Inductor and Triton cache
+    seed: int = 0
+
+
+def _cotangent(out: torch.Tensor, index: int) -> torch.Tensor:
+    """A fixed random gradient for output `index`, the same for every contender. Not ones (the
+    gradient of a plain sum): a network ending in LayerNorm gives every earlier layer a zero
+    gradient for that, leaving only rounding noise to compare."""
+    generator = torch.Generator(out.device).manual_seed(1000 + index)
+    return torch.randn(out.shape, generator=generator, device=out.device).to(out.dtype)
+
+
+def make_call(model: torch.nn.Module, fn: Callable, inputs: list, train: bool) -> Callable[[], list[torch.Tensor]]:
+    """One inference call (under no_grad), or one training step: forward, then backward from
+    fixed random output gradients. Returns the outputs, and for a step the parameters' gradients."""
+    if not train:
+        def infer():
+            with torch.no_grad():
+                return correctness.tensors(fn(*inputs))
+        return infer
+    params = [p for p in model.parameters() if p.requires_grad]
+    cotangents: list[torch.Tensor] = []  # drawn on the first step, outside every timed one after it
+
+    def step():
+        model.zero_grad(set_to_none=True)
+        outs = [o for o in correctness.tensors(fn(*inputs)) if o.is_floating_point()]
+        if not cotangents:
+            cotangents.extend(_cotangent(o, i) for i, o in enumerate(outs))
+        torch.autograd.backward(outs, cotangents)
+        return [o.detach() for o in outs] + [p.grad for p in params if p.grad is not None]
+    return step
+
+
+def _synchronize(device: str) -> None:
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def _first_call(call: Callable[[], list[torch.Tensor]], device: str, compile_dir: str
+                ) -> tuple[list[torch.Tensor], float]:
+    """The result of the first call and its wall time: the compile, and for ours the search.
+    The cache directory is kept (delete=False): compiled code and Inductor's process pools
+    may still read from it after the first call."""
+    _synchronize(device)
+    start = time.perf_counter()
+    with fresh_cache(dir=compile_dir, delete=False):
+        result = call()
+        _synchronize(device)
+    return result, time.perf_counter() - start
+
+
+def _correctness(ours: list, theirs: list, expected: list, dtype: str, tolerance: float) -> dict:
+    ours_check = correctness.compare(ours, expected, dtype, tolerance)
+    inductor_check = correctness.compare(theirs, expected, dtype, tolerance)
+    ours_check["verdict"] = correctness.verdict(ours_check, inductor_check)
+    inductor_check["verdict"] = "ok" if inductor_check["within_tol"] else "MISMATCH"
+    return {"ours": ours_check, "inductor": inductor_check}
+
+
+def _floor(problem: Problem, inputs: list, outputs: list, ms: dict, copy_bytes_per_s: float) -> dict | None:
+    """The problem's bytes at the copy rate, and what fraction of it ours and Inductor reach."""
+    if problem.floor_bytes is None or problem.train:
+        return None
+    nbytes = problem.floor_bytes(inputs, outputs)
+    floor_ms = nbytes / copy_bytes_per_s * 1e3
+    return {"bytes": nbytes, "ms": floor_ms,
+            "pct": {name: 100 * floor_ms / ms[name]["median"] for name in ("ours", "inductor")}}
+
+
+def _measure(problem: Problem, dtype: str, cfg: RunConfig) -> dict:
+    model, inputs = build(problem, dtype, cfg.device, cfg.small, cfg.seed)
+    models = {"ours": copy.deepcopy(model), "inductor": copy.deepcopy(model), "eager": model}
+    fns = {"ours": torch.compile(models["ours"], backend="cuda_agent", options=cfg.options),
+           "inductor": torch.compile(models["inductor"], backend="inductor"), "eager": model}
+    calls = {name: make_call(models[name], fns[name], inputs, problem.train) for name in models}
+    expected = calls["eager"]()
+
+    seen = len(backend.reports)
+    ours, ours_compile_s = _first_call(calls["ours"], cfg.device, cfg.compile_dir)
+    decisions = [d for report in backend.reports[seen:] for d in report.decisions]
+    theirs, inductor_compile_s = _first_call(calls["inductor"], cfg.device, cfg.compile_dir)
+    checks = _correctness(ours, theirs, expected, dtype, problem.tolerance)
+    del ours, theirs
+
+    before = kernels.winner_calls()
+    samples = timing.time_interleaved(calls, cfg.rounds, cfg.calls, cfg.device)
+    after = kernels.winner_calls()
+    ms = {name: timing.summarize(times) for name, times in samples.items()}
+    return {"sizes": dict(vars(problem.sizes(cfg.small))), "ms": ms,
+            "vs_inductor": ms["inductor"]["median"] / ms["ours"]["median"],
+            "vs_eager": ms["eager"]["median"] / ms["ours"]["median"],
+            "compile_s": {"ours": ours_compile_s, "inductor": inductor_compile_s}, "correct": checks,
+            "kernels": kernels.kernels_run(before, after, decisions), "subgraphs": kernels.subgraph_summary(decisions),
+            "floor": _floor(problem, inputs, expected, ms, cfg.copy_bytes_per_s)}
+
+
+class _AddOne(torch.nn.Module):
+    def forward(self, x):
+        return x + 1
+
+
+def warm_up(cfg: RunConfig) -> dict[str, float]:
+    """Compile a one-op model with each backend, so that the one-off costs of a process's first
+    compile (imports, Inductor's set-up) are not charged to the first problem; their seconds.
+    One op is below the backend's smallest subgraph, so nothing is searched here."""
+    x = torch.ones(8, device=cfg.device)
+    seconds = {}
+    for name, backend_name, options in (("ours", "cuda_agent", cfg.options), ("inductor", "inductor", None)):
+        fn = torch.compile(_AddOne(), backend=backend_name, options=options)
+        _, seconds[name] = _first_call(lambda: fn(x), cfg.device, cfg.compile_dir)
+    torch._dynamo.reset()
+    return seconds
+
+
+def run_problem(problem: Problem, dtype: str, cfg: RunConfig) -> dict:
+    """The problem's row: status "ok" with its measurements, "skipped" with why, or "error" with
+    what went wrong (the suite goes on either way)."""
+    row = {"problem": problem.name, "level": problem.level, "group": problem.group, "dtype": dtype,
+           "mode": "train" if problem.train else "inference"}
+    missing = problem.missing()
+    if missing:
+        return row | {"status": "skipped",
+                      "reason": f"{', '.join(missing)} is not installed (pip install {' '.join(missing)})"}
+    torch._dynamo.reset()
+    try:
+        return row | _measure(problem, dtype, cfg) | {"status": "ok"}
+    except Exception as e:  # noqa: BLE001  one broken problem must not end the run
+        return row | {"status": "error", "error": f"{type(e).__name__}: {e}"[:2000],
+                      "traceback": traceback.format_exc()[-4000:]}
+    finally:
+        torch._dynamo.reset()
+        gc.collect()
+        if cfg.device == "cuda":
+            torch.cuda.empty_cache()

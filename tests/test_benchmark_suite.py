@@ -1,0 +1,174 @@
+"""The benchmark suite (benchmarks/suite/): every problem runs eagerly at its small sizes, the
+dry run goes through the real backend on the CPU and writes the JSON and Markdown the README
+describes, and the pieces that judge results (correctness, kernel naming, summaries) do what
+they say."""
+import json
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn as nn
+
+from benchmarks.suite import cli, correctness, kernels, report
+from benchmarks.suite.problem import DTYPES, Problem, build
+from benchmarks.suite.registry import PROBLEMS, select
+from benchmarks.suite.runner import RunConfig, make_call, run_problem
+
+CASES = [(p, dtype) for p in PROBLEMS for dtype in p.dtypes]
+
+
+@pytest.mark.parametrize("problem,dtype", CASES, ids=[f"{p.name}-{d}" for p, d in CASES])
+def test_every_problem_builds_and_runs_eagerly_at_small_sizes(problem, dtype):
+    if problem.missing():
+        pytest.skip(f"needs {problem.missing()}")
+    model, inputs = build(problem, dtype, "cpu", small=True)
+    result = make_call(model, model, inputs, problem.train)()
+    assert result, "no output tensors"
+    assert all(t.dtype in (DTYPES[dtype], torch.float32) for t in result if t.is_floating_point())
+    assert all(torch.isfinite(t.float()).all() for t in result)
+    if problem.train:  # a training step returns the gradient of every parameter too
+        assert len(result) == len(correctness.tensors(model(*inputs))) + sum(1 for _ in model.parameters())
+
+
+def test_a_training_step_gives_layers_before_a_final_layernorm_real_gradients():
+    """The gradient of a plain sum through a final LayerNorm is zero up to rounding; the step's
+    fixed random output gradients are not, and they are the same on every step."""
+    problem = select(only=["gpt_manual_attention_train"])[0]
+    model, inputs = build(problem, "fp32", "cpu", small=True)
+    step = make_call(model, model, inputs, train=True)
+    first_qkv = model.blocks[0].attn.qkv.weight
+    first = [t.clone() for t in step()]
+    assert first_qkv.grad.abs().max() > 1e-2
+    assert all(torch.equal(a, b) for a, b in zip(first, step()))
+
+
+def test_the_registry_has_the_promised_problems():
+    names = [p.name for p in PROBLEMS]
+    assert len(names) == len(set(names))
+    assert {p.level for p in PROBLEMS} == {1, 2, 3}
+    rewrites = [p for p in PROBLEMS if p.group == "rewrites"]
+    assert len(rewrites) >= 12 and all(set(p.dtypes) == {"fp32", "bf16"} for p in rewrites)
+    gemm_sum = select(only=["gemm_sum_features_8k"])[0].dims
+    assert (gemm_sum["m"], gemm_sum["k"], gemm_sum["n"]) == (1024, 8192, 8192)
+    assert {p.name for p in select(groups=["transformers"])} == {"gpt2", "gpt2_train", "llama", "llama_train",
+                                                                 "bert", "bert_train"}
+    assert all(p.needs == ("transformers",) and p.dtypes == ("bf16",) for p in select(groups=["transformers"]))
+
+
+def test_selection_by_level_group_and_pattern():
+    assert all(p.level == 1 for p in select(levels=[1]))
+    assert {p.name for p in select(only=["gpt_block_causal_*"])} == {"gpt_block_causal_1024", "gpt_block_causal_2048"}
+    assert select(levels=[1], only=["gpt2"]) == []
+    with pytest.raises(ValueError, match="no problem named nonesuch"):
+        select(only=["softmax", "nonesuch"])
+
+
+class Broken(nn.Module):
+    def forward(self, x):
+        raise RuntimeError("this problem is broken")
+
+
+def _config(tmp_path) -> RunConfig:
+    return RunConfig(device="cpu", small=True, rounds=1, calls=1, options={"cache_dir": str(tmp_path / "cache")},
+                     copy_bytes_per_s=1e9, compile_dir=str(tmp_path / "compile"))
+
+
+def test_a_problem_that_crashes_is_recorded_as_an_error(tmp_path):
+    problem = Problem("broken", 1, Broken, lambda d: [torch.ones(d.n)], {"n": 4}, {})
+    row = run_problem(problem, "fp32", _config(tmp_path))
+    assert row["status"] == "error" and "this problem is broken" in row["error"]
+    assert "Traceback" in row["traceback"]
+
+
+def test_a_problem_whose_module_is_missing_is_skipped_with_the_reason(tmp_path):
+    problem = Problem("needs_x", 3, Broken, lambda d: [], {}, {}, needs=("no_such_module_for_the_suite",))
+    row = run_problem(problem, "bf16", _config(tmp_path))
+    assert row["status"] == "skipped"
+    assert "no_such_module_for_the_suite is not installed" in row["reason"]
+
+
+def test_correctness_catches_a_wrong_result_and_forgives_inductor_like_drift():
+    expected = [torch.linspace(-1, 1, 64)]
+    exact = correctness.compare([expected[0].clone()], expected, "fp32")
+    assert exact == {"max_err": 0.0, "within_tol": True}
+    assert correctness.verdict(exact, exact) == "ok"
+    wrong = correctness.compare([expected[0] + 0.5], expected, "fp32")
+    assert not wrong["within_tol"] and wrong["max_err"] == pytest.approx(0.5)
+    drift = correctness.compare([expected[0] + 0.01], expected, "fp32")
+    assert not drift["within_tol"]
+    assert correctness.verdict(drift, drift) == "ok (as close as Inductor)"
+    assert correctness.verdict(wrong, drift) == "MISMATCH"
+    assert correctness.compare([torch.ones(3)], [torch.ones(4)], "fp32") == {"max_err": None, "within_tol": False}
+    # Tolerance scales with the tensor's largest value: a long reduction's error is its row's, not its element's.
+    large_and_small = torch.tensor([1000.0, 0.001])
+    assert correctness.compare([large_and_small + 0.5], [large_and_small], "fp32")["within_tol"]
+    assert not correctness.compare([large_and_small + 5.0], [large_and_small], "fp32")["within_tol"]
+    nan = correctness.compare([torch.tensor([float("nan")])], [torch.tensor([1.0])], "fp32")
+    assert correctness.verdict(nan, exact) == "MISMATCH"
+
+
+def test_kernel_family_from_origin():
+    assert kernels.family("builtin:rewrite:attention+gemm_reduce") == "rewrite"
+    assert kernels.family("builtin:pointwise:b256u4v8") == "pointwise"
+    assert kernels.family("llm") == "llm"
+
+
+def test_output_names_and_gpu_short_names(tmp_path):
+    assert report.gpu_short_name("NVIDIA H100 80GB HBM3") == "h100"
+    assert report.gpu_short_name("NVIDIA H200") == "h200"
+    assert report.gpu_short_name("NVIDIA A100-SXM4-80GB") == "a100"
+    first_json, first_md = report.output_paths(tmp_path, "h200", "2026-11-23", dry_run=False)
+    assert first_json.name == f"suite-h200-torch{report.torch_short_version()}-2026-11-23.json"
+    assert first_md.name == first_json.name.replace(".json", ".md")
+    first_json.write_text("{}")
+    again, _ = report.output_paths(tmp_path, "h200", "2026-11-23", dry_run=False)
+    assert again.name.endswith("-2026-11-23-2.json")
+
+
+def _row(problem, level, group, vs_inductor, verdict="ok", kernels_run=()):
+    return {"problem": problem, "level": level, "group": group, "status": "ok", "vs_inductor": vs_inductor,
+            "correct": {"ours": {"verdict": verdict}}, "kernels": list(kernels_run)}
+
+
+def test_summary_geomean_leaves_out_mismatches_and_counts_kernels():
+    rows = [_row("a", 2, "rewrites", 2.0, kernels_run=[{"origin": "builtin:rewrite:x"}]),
+            _row("b", 2, "fusion", 0.5), _row("c", 2, "fusion", 8.0, verdict="MISMATCH"),
+            {"problem": "d", "level": 2, "group": "fusion", "status": "error"}]
+    level2 = report.summarize(rows, "level 2")
+    assert level2["geomean_vs_inductor"] == pytest.approx(1.0)
+    assert (level2["cases"], level2["timed"], level2["cases_with_our_kernels"]) == (4, 2, 1)
+    assert (level2["mismatches"], level2["errors"]) == (1, 1)
+    assert [s["scope"] for s in report.summaries(rows)] == ["level 2", "group fusion", "group rewrites", "all"]
+
+
+@pytest.mark.slow
+def test_dry_run_through_the_backend_writes_json_and_markdown(tmp_path, capsys):
+    """Three tiny problems (an op, a rewrite problem, a training step) compiled with Inductor and
+    with cuda_agent on the CPU, where every subgraph stays with Inductor."""
+    out = tmp_path / "results"
+    rc = cli.main(["--dry-run", "--only", "softmax", "gemm_sum_features_8k", "mlp_train", "--dtype", "fp32",
+                   "--out", str(out), "-o", f"cache_dir={json.dumps(str(tmp_path / 'cache'))}"])
+    assert rc == 0
+    (json_path,) = out.glob("suite-cpu-dry-run-torch*.json")
+    data = json.loads(json_path.read_text())
+    assert data["device"] == "cpu" and data["dry_run"] and data["torch"] == torch.__version__
+    assert data["options"]["cache_dir"] == str(tmp_path / "cache") and data["copy_gb_s"] > 0
+    rows = {r["problem"]: r for r in data["results"]}
+    assert set(rows) == {"softmax", "gemm_sum_features_8k", "mlp_train"}
+    for row in rows.values():
+        assert row["status"] == "ok", row.get("traceback")
+        assert row["dtype"] == "fp32"
+        assert all(row["ms"][c]["median"] > 0 and row["ms"][c]["n"] == 2 for c in ("ours", "inductor", "eager"))
+        assert row["vs_inductor"] == pytest.approx(row["ms"]["inductor"]["median"] / row["ms"]["ours"]["median"])
+        assert row["correct"]["ours"]["verdict"] == "ok" and row["correct"]["inductor"]["verdict"] == "ok"
+        assert row["compile_s"]["ours"] > 0 and row["compile_s"]["inductor"] > 0
+        assert row["kernels"] == [] and row["subgraphs"]["ours"] == 0 and row["subgraphs"]["tasks"] >= 1
+        assert "CUDA only" in row["subgraphs"]["left_to_inductor"][0]["reason"]
+    assert rows["mlp_train"]["mode"] == "train" and rows["mlp_train"]["floor"] is None
+    assert rows["softmax"]["floor"]["bytes"] == 2 * 4 * 64 * 4  # a 4x64 fp32 input read, its softmax written
+    assert {s["scope"] for s in data["summary"]} >= {"level 1", "level 2", "level 3", "group rewrites", "all"}
+    assert next(s for s in data["summary"] if s["scope"] == "all")["timed"] == 3
+    markdown = Path(json_path.with_suffix(".md")).read_text()
+    assert "| problem | dtype | mode | ours ms | Inductor ms | eager ms | vs Inductor |" in markdown
+    assert all(f"| {name} | fp32 |" in markdown for name in rows)
+    assert "[L1 softmax fp32] ours" in capsys.readouterr().out
