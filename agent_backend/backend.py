@@ -24,5 +24,6 @@ def cuda_agent_backend(gm: torch.fx.GraphModule, example_inputs, options: dict |
         # config_patches (not a `with config.patch`) so the lazily compiled backward graph
         # goes through the pass too.
         config_patches["post_grad_custom_pre_pass"] = SubgraphPass(dispatcher.decide, settings.min_ops, reports,
-                                                                    dispatcher.cache_identity, progress)
+                                                                    dispatcher.cache_identity, progress,
+                                                                    confirm=dispatcher.confirm_in_context)
     return compile_fx(gm, example_inputs, config_patches=config_patches)

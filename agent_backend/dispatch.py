@@ -14,14 +14,15 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from . import background, gate, runtime
+from . import background, gate, in_context, runtime
 from .env.floors import FILE_NAME as FLOORS_FILE
 from .env.launch_spec import read_from_entry, store_in_entry, strip_from_entry
-from .graph_pass import Decision
+from .graph_pass import Decision, rewrite
 from .options import Settings
 from .policies import PolicyError, source_revision
 from .progress import SearchProgress
 from .specs import Task
+from .task import UnsupportedGroup
 
 if TYPE_CHECKING:
     from kernel_cache import Entry
@@ -202,10 +203,13 @@ class Dispatcher:
         queue = background.searches(on_stop=close_shared_environments)
         queue.submit(key.digest, functools.partial(self._search_in_background, task, key, queue.stopped),
                      functools.partial(self.cache.put, key))
+        self._retire_graph_token()
+        return Decision(task, None, _SEARCHING_LATER)
+
+    def _retire_graph_token(self) -> None:
         if self._graph_token_live:
             self.cache.retire_content_token()
             self._graph_token_live = False
-        return Decision(task, None, _SEARCHING_LATER)
 
     def _search_in_background(self, task: Task, key, stopped):
         """The queued search: its entry, or None when the policy cannot be asked now."""
@@ -294,6 +298,47 @@ class Dispatcher:
         speedup = entry.timings.get("counted_speedup") or entry.timings.get("speedup_vs_inductor")
         return Decision(task, key, f"kernel {entry.origin}" + (f" ({speedup:.2f}x Inductor)" if speedup else ""),
                         entry.timings.get("gate"))
+
+
+    def confirm_in_context(self, graph, won: list) -> tuple[bool, str]:
+        """The in-context check (in_context.py) of a graph whose subgraphs `won` (group, decision):
+        whether to keep their winners (all or none), and what the check found ("": not checked).
+        The verdict is cached; in mode "search" a missing one is measured now; in mode
+        "background" it is queued and the winners stay meanwhile (each won alone: the check can
+        only correct a loss the next compile), as they do in mode "cached" (their own verdicts
+        are all we know)."""
+        from kernel_cache import make_key
+        if not self.settings.in_context_check:
+            return True, ""
+        try:
+            check = in_context.build_check(graph, [(g, d.winner_key, d.task.program) for g, d in won], rewrite)
+        except UnsupportedGroup as e:
+            log.info("cuda_agent: a graph's kernels are not checked in context: %s", e)
+            return True, ""
+        device = (check.before.inputs or check.before.outputs)[0].device
+        key = make_key(check.hash, check.before.inputs, device, self.precision)
+        lookup = self.cache.get(key)
+        if lookup is not None:
+            return in_context.verdict(lookup.entry)
+        if self.settings.mode == "search":
+            if self.progress:
+                self.progress.searching(check.before, "timing the whole graph with and without our kernels")
+            entry = self._check_in_context(check)
+            self.cache.put(key, entry)
+            return in_context.verdict(entry)
+        if self.settings.mode == "background":
+            queue = background.searches(on_stop=close_shared_environments)
+            queue.submit(key.digest, functools.partial(self._check_in_context, check),
+                         functools.partial(self.cache.put, key))
+            self._retire_graph_token()
+            return True, "being checked in the background; the next compile follows its verdict"
+        return True, ""
+
+    def _check_in_context(self, check) -> "Entry":
+        env = shared_environment(self.settings.devices, self.precision, self.settings.min_speedup)
+        winners = [runtime.registered(k).to_json() for k in check.winner_keys]
+        timing = env.time_in_context(check.before, check.after, winners)
+        return in_context.entry_of(check, timing)
 
 
 def _launch_spec(entry, key: str):

@@ -68,8 +68,10 @@ class SubgraphPass(CustomGraphPass):
     unknown), for Inductor's FX graph cache."""
 
     def __init__(self, decide: Callable[[Task], Decision], min_ops: int, reports: list[GraphReport],
-                 identity: Callable[[], str | None] = lambda: None, progress=None):
+                 identity: Callable[[], str | None] = lambda: None, progress=None,
+                 confirm: Callable[[fx.Graph, list[tuple[Group, Decision]]], tuple[bool, str]] | None = None):
         self.decide = decide
+        self.confirm = confirm  # the in-context check: keep a graph's winners or not, and what it found
         self.min_ops = min_ops
         self.reports = reports
         self.identity = identity
@@ -87,17 +89,37 @@ class SubgraphPass(CustomGraphPass):
         groups = [g for g in groups if g.op_count() >= self.min_ops]
         if self.progress:
             self.progress.start_graph(report.graph_index, len(groups))
+        won: list[tuple[Group, Decision]] = []
         for group in groups:
             if self.progress:
                 self.progress.next_subgraph()
             decision = self._decision(group)
             report.decisions.append(decision)
             if decision.winner_key:
-                rewrite(graph, group, decision.winner_key, decision.task.program)
+                won.append((group, decision))
+        keep, found = self._in_context(graph, won, report.graph_index)
         if self.progress:
             self.progress.end_graph()
+        for group, decision in won:
+            if not keep:
+                decision.reason = f"lost in context: {found} (alone: {decision.reason})"
+                decision.winner_key = None
+                continue
+            if found:
+                decision.reason += f"; in context: {found}"
+            rewrite(graph, group, decision.winner_key, decision.task.program)
         graph.lint()
         log.info(report.summary())
+
+    def _in_context(self, graph: fx.Graph, won: list[tuple[Group, Decision]], index: int) -> tuple[bool, str]:
+        if not won or self.confirm is None:
+            return True, ""
+        try:
+            return self.confirm(graph, won)
+        except Exception as e:  # each winner was verified and won alone: a failed check keeps them
+            log.warning("cuda_agent: the in-context check of graph %d failed (%s: %s); its kernels stay", index,
+                        type(e).__name__, e, exc_info=True)
+            return True, ""
 
     def _decision(self, group: Group) -> Decision:
         try:

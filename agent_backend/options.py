@@ -172,6 +172,10 @@ OPTIONS: tuple[Option, ...] = (
     Option("background_share", 0.5, _fraction,
            "mode=background: the largest fraction of wall time the search's workers may be busy (they rest "
            "between requests), leaving the GPU and CPU to your program the rest of the time"),
+    Option("in_context_check", True, _bool,
+           "after a graph's subgraphs are decided, time the whole graph with and without our kernels (both "
+           "compiled by Inductor, in a worker) and keep the kernels only where the graph is not slower; the "
+           "verdict is cached per graph and winners (graphs with integer inputs or random ops are not checked)"),
     Option("min_ops", 2, _positive(int),
            "smallest subgraph (in ops) worth a search; single pointwise ops are already optimal in Inductor"),
 )
@@ -203,6 +207,7 @@ class Settings:
     gate: bool
     gate_slack: float
     background_share: float
+    in_context_check: bool
     min_ops: int
 
     def public(self) -> dict:

@@ -57,6 +57,15 @@ class Winner:
     run_winner_calls: int = 0
     forwards: dict = field(default_factory=dict)  # torch.device -> forward(*inputs)
 
+    def to_json(self) -> dict:
+        """What a worker needs to load it again (its spec comes back from running the source)."""
+        return {"key": self.key, "source": self.source, "origin": self.origin,
+                "outputs": [s.to_json() for s in self.outputs]}
+
+    @classmethod
+    def from_json(cls, d: dict) -> "Winner":
+        return cls(d["key"], d["source"], tuple(TensorSpec.from_json(s) for s in d["outputs"]), d["origin"])
+
     @property
     def calls(self) -> int:
         """Calls in this process: a launch spec's launches (through either op), else run_winner's."""

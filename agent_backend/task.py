@@ -166,12 +166,17 @@ def extract_task(group: Group) -> Task:
     inputs, outputs = boundary(group)
     if not outputs:
         raise UnsupportedGroup("the group's results are not used")
+    return task_of_nodes(_constants(group) + group.nodes, inputs, outputs, group.kind)
+
+
+def task_of_nodes(nodes: list[fx.Node], inputs: list[fx.Node], outputs: list[fx.Node], kind: str) -> Task:
+    """The Task computing `outputs` from `inputs` (in this order) through `nodes` (in graph order,
+    scalar constants included)."""
     in_specs = tuple(_spec(n) for n in inputs)
     out_specs = tuple(_spec(n) for n in outputs)
     devices = {s.device for s in in_specs + out_specs}
     if len(devices) != 1:
         raise UnsupportedGroup(f"the group spans devices {sorted(devices)}")
-    nodes = _constants(group) + group.nodes
     body, ops = write_body(nodes, inputs, outputs, [f"in{i}" for i in range(len(inputs))], "torch.device(_DEVICE)")
     signature = ", ".join(["self"] + [f"in{i}" for i in range(len(inputs))])
     specs = "[\n" + "".join(
@@ -189,7 +194,7 @@ def extract_task(group: Group) -> Task:
         inputs=in_specs,
         outputs=out_specs,
         ops=tuple(ops),
-        kind=group.kind,
+        kind=kind,
         graph_module=_subgraph_module(nodes, inputs, outputs),
     )
 

@@ -37,7 +37,8 @@ class Contender:
     def rank(self) -> tuple:
         """Higher is better: trusted first; then a verified kernel, Inductor's win, a failed
         search, an unverified kernel; then the fastest measured time; then the newest."""
-        usefulness = {"kernel": 3 if self.entry.verified else 0, "inductor": 2, "failed": 1}[self.entry.outcome]
+        usefulness = {"kernel": 3 if self.entry.verified else 0, "inductor": 2, "context": 2,
+                      "failed": 1}[self.entry.outcome]
         return (self.trusted, usefulness, -self.entry.measured_ms, self.entry.created)
 
     def describe(self) -> dict:

@@ -17,7 +17,7 @@ from typing import Callable
 
 # Bump when the layout of an entry changes, and add the step from the old layout to MIGRATIONS.
 ENTRY_FORMAT_VERSION = 1
-OUTCOMES = ("kernel", "inductor", "failed")
+OUTCOMES = ("kernel", "inductor", "failed", "context")
 
 # format_version -> function turning that version's JSON into the next version's JSON.
 MIGRATIONS: dict[int, Callable[[dict], dict]] = {}
@@ -41,7 +41,9 @@ class Entry:
     - task: `Task.to_json()` of the task searched, so the result can be re-verified anywhere.
     """
 
-    outcome: str  # "kernel" (a kernel won), "inductor" (Inductor won) or "failed" (search failed)
+    # "kernel" (a kernel won), "inductor" (Inductor won), "failed" (search failed), or "context":
+    # the in-context check's verdict on a whole graph with its winners (timings["kept"])
+    outcome: str
     reason: str = ""  # why: the speedup, why Inductor won, or the error that ended the search
     source: str | None = None  # the candidate's ModelNew source
     origin: str = ""  # who wrote the candidate (Candidate.origin)

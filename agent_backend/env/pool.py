@@ -13,6 +13,7 @@ CUDA state), rather than multiprocessing's spawn, which would re-run the user's 
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import queue
@@ -29,8 +30,10 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from multiprocessing import Pipe
 from multiprocessing.connection import wait
+from typing import Iterator
 
-from agent_backend.env.results import Evaluation, Failure, ReferenceTiming, Timeouts, precision_settings
+from agent_backend.env.results import (ContextTiming, Evaluation, Failure, ReferenceTiming, Timeouts,
+                                       precision_settings)
 from agent_backend.specs import Candidate, Task
 
 DEFAULT_MIN_SPEEDUP = 1.05
@@ -235,15 +238,21 @@ class Environment:
                     handle.start()
                 self._started = True
 
-    def evaluate(self, task: Task, candidate: Candidate, profile: bool = True) -> Evaluation:
+    @contextlib.contextmanager
+    def _free_worker(self) -> Iterator[WorkerHandle]:
+        """A free worker (waiting for one), the workers started on first use."""
         if not self._close.alive:
             raise RuntimeError("the environment is closed")
         self._start_all()
         handle = self._free.get()
         try:
-            return _Evaluation(self, handle, task, candidate).run(profile)
+            yield handle
         finally:
             self._free.put(handle)
+
+    def evaluate(self, task: Task, candidate: Candidate, profile: bool = True) -> Evaluation:
+        with self._free_worker() as handle:
+            return _Evaluation(self, handle, task, candidate).run(profile)
 
     def evaluate_many(self, task: Task, candidates: list[Candidate], profile: bool = True) -> list[Evaluation]:
         with ThreadPoolExecutor(max_workers=len(self._handles)) as pool:
@@ -253,14 +262,24 @@ class Environment:
         """Inductor's time for `task` alone on a free worker (its reference stays compiled there
         for the candidates that follow), with that GPU's floors when `floors_path` names their
         file (env/floors.py)."""
-        if not self._close.alive:
-            raise RuntimeError("the environment is closed")
-        self._start_all()
-        handle = self._free.get()
-        try:
+        with self._free_worker() as handle:
             return _Evaluation(self, handle, task, None).run_reference(floors_path)
-        finally:
-            self._free.put(handle)
+
+    def time_in_context(self, before: Task, after: Task, winners: list[dict]) -> ContextTiming:
+        """A whole graph (`before`, as Inductor compiles it) against the same graph calling our
+        winners (`after`; winners: runtime.Winner.to_json() of each), both compiled with
+        Inductor on a free worker, checked to agree, and timed interleaved (in_context.py)."""
+        with self._free_worker() as handle:
+            timeouts = self.timeouts
+            reply = handle.request({"op": "context", "before": before.to_json(), "after": after.to_json(),
+                                    "winners": winners, "precision": self.precision},
+                                   2 * timeouts.compile_s + timeouts.profile_s, "the in-context check", timeouts.start_s)
+            if reply.failure:
+                return ContextTiming(reply.failure.status, reply.failure.reason, device=handle.device)
+            if reply.data.get("restart"):
+                handle.restart()
+            return ContextTiming(reply.data["status"], reply.data.get("reason", ""), reply.data.get("ours_ms"),
+                                 reply.data.get("inductor_ms"), device=handle.device)
 
 
 class _Evaluation:

@@ -80,6 +80,30 @@ class ReferenceTiming:
             raise ValueError(f"unknown status {self.status!r}")
 
 
+@dataclass(frozen=True)
+class ContextTiming:
+    """A whole graph timed as Inductor compiles it and with our winners in it (in_context.py):
+    each the longer of GPU and host time per call (counted_ms), in ms; or why there are no
+    times (`status` other than "passed")."""
+
+    status: str
+    reason: str = ""
+    ours_ms: float | None = None
+    inductor_ms: float | None = None
+    device: str = ""
+
+    def __post_init__(self):
+        if self.status not in STATUSES:
+            raise ValueError(f"unknown status {self.status!r}")
+
+    @property
+    def speedup(self) -> float | None:
+        """Inductor's time for the graph over ours."""
+        if self.ours_ms is None or self.inductor_ms is None:
+            return None
+        return self.inductor_ms / max(self.ours_ms, 1e-9)
+
+
 def counted_ms(stats: dict) -> float:
     """What a call costs in a model, from a profile's timing stats: its GPU time, or its host
     time where that is longer (a launch-bound kernel keeps the GPU waiting)."""

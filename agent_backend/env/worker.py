@@ -11,6 +11,7 @@ Requests ("op"): "prepare" (compile the task's reference with Inductor, once per
 "load" (execute the candidate's source, build ModelNew), "verify", "profile". The candidate is
 dropped after the last phase of its evaluation. "reference" times Inductor's reference alone,
 as "profile" times it beside a candidate, and reports this GPU's floors (for the gate).
+"context" times a whole graph with and without our winners in it (the in-context check).
 """
 from __future__ import annotations
 
@@ -36,9 +37,10 @@ from agent_backend.env.candidate_loader import CandidateError, describe_exceptio
 from agent_backend.env.floors import gpu_key, load_or_measure, measure_floors
 from agent_backend.env.guards import REAL, GlobalSwitches, PatchFingerprint, StateWatch, precision_context
 from agent_backend.env.profile import INPUT_SETS, CudaTimer, make_timer, profile_candidate, time_contenders
-from agent_backend.env.results import Failure
-from agent_backend.env.verify import (CpuRunner, CudaRunner, TorchOpRecorder, Verifier, cuda_usable, failure_from_exception, new_seed,
-                                      sleep_cycles_per_ms)
+from agent_backend.env.compare import compare_values, layout_problem, tolerance
+from agent_backend.env.results import Failure, counted_ms
+from agent_backend.env.verify import (CpuRunner, CudaRunner, TorchOpRecorder, Verifier, cuda_usable, failure_from_exception,
+                                      new_seed, output_list, sleep_cycles_per_ms)
 from agent_backend.specs import Candidate, Task, random_inputs
 
 _TASKS_KEPT = 8  # task references (and their Inductor compilations) kept per worker
@@ -90,7 +92,8 @@ class Worker:
         self.loaded: Loaded | None = None
         self.floors: dict | None = None  # this GPU's floors, once asked for
         self._handlers = {"prepare": self._prepare, "load": self._load, "verify": self._verify,
-                          "profile": self._profile, "reference": self._reference}
+                          "profile": self._profile, "reference": self._reference,
+                          "context": self._context}
 
     def handle(self, request: dict) -> dict:
         timeout_s = float(request.get("timeout_s", 60.0))
@@ -119,18 +122,52 @@ class Worker:
 
     def _prepare(self, request: dict) -> dict:
         """Compile the reference with Inductor before any candidate of this task runs here."""
-        task = Task.from_json(request["task"])
+        state = self._compiled(Task.from_json(request["task"]), request["precision"])
+        return {"ok": state.compiled is not None, "error": state.inductor_error}
+
+    def _compiled(self, task: Task, precision: dict) -> TaskState:
+        """The task's state, its program compiled by Inductor (once; or why that failed)."""
         state = self._task_state(task)
         if state.compiled is None and state.inductor_error is None:
             try:
-                with precision_context(self.switches, request["precision"]), torch.no_grad():
+                with precision_context(self.switches, precision), torch.no_grad():
                     compiled = torch.compile(state.model, backend="inductor", dynamic=False)
                     compiled(*random_inputs(task.inputs, 0, device=str(self.device)))
                     self._sync()
                 state.compiled = compiled
             except Exception as exc:
                 state.inductor_error = f"Inductor could not compile the task: {describe_exception(exc)}"
-        return {"ok": state.compiled is not None, "error": state.inductor_error}
+        return state
+
+    def _context(self, request: dict) -> dict:
+        """A whole graph as Inductor compiles it ("before") against the same graph calling our
+        winners ("after"), both compiled with Inductor: they must agree on one input set, then
+        they are timed interleaved (agent_backend/in_context.py). The winners are verified
+        kernels from the caller's cache, loaded here as a compiled graph loads them."""
+        before, after, precision = Task.from_json(request["before"]), Task.from_json(request["after"]), request["precision"]
+        winners = [runtime.load_winner(runtime.Winner.from_json(w), self.device) for w in request["winners"]]
+        try:
+            compiled = {}
+            for name, task in (("inductor", before), ("ours", after)):
+                state = self._compiled(task, precision)
+                if state.compiled is None:
+                    return {"status": "compile_error", "reason": f"{name}: {state.inductor_error}"}
+                compiled[name] = state.compiled
+            seed = new_seed()
+            input_sets = [random_inputs(before.inputs, seed + k, device=str(self.device)) for k in range(INPUT_SETS)]
+            with precision_context(self.switches, precision), torch.no_grad():
+                problem = _disagreement(compiled["ours"](*input_sets[0]), compiled["inductor"](*input_sets[0]),
+                                        before, precision)
+                if problem:
+                    return {"status": "incorrect", "reason": f"the graph with our kernels disagrees: {problem}"}
+                timer = make_timer(self.device, self.cycles_per_ms)
+                stats, _ = time_contenders(compiled, input_sets, timer)
+            return {"status": "passed", "reason": "", "ours_ms": counted_ms(stats["ours"]),
+                    "inductor_ms": counted_ms(stats["inductor"]), "timer": timer.description}
+        finally:
+            for winner in winners:
+                runtime.forget(winner.key)
+            self.tasks.pop(after.hash, None)  # it calls winners no longer registered here
 
     def _reference(self, request: dict) -> dict:
         """Time Inductor's reference alone (compiled by "prepare"), with the profiler's method,
@@ -231,6 +268,17 @@ class Worker:
             unload(self.loaded.module)
             self.loaded = None
             gc.collect()
+
+
+def _disagreement(got, expected, task: Task, precision: dict) -> str | None:
+    """Where two runs of a task's computation differ beyond its outputs' tolerance, if they do."""
+    got, expected = output_list(got), output_list(expected)
+    for i, (g, e, spec) in enumerate(zip(got, expected, task.outputs)):
+        problem = layout_problem(i, g, e) or compare_values(i, g, e, tolerance(spec.torch_dtype, precision,
+                                                                              task.ops)).problem
+        if problem:
+            return problem
+    return None if len(got) == len(expected) else f"{len(got)} outputs, expected {len(expected)}"
 
 
 def _exit_when_orphaned(parent_pid: int) -> None:

@@ -1,0 +1,127 @@
+"""The in-context check: a graph's replacements, judged on the whole graph.
+
+A winner is timed alone, against Inductor's kernel for the same subgraph. In the graph it can
+still lose: its op is a fusion barrier (Inductor would have fused the subgraph's producers and
+consumers into neighbouring kernels, and now writes and reads the boundary tensors instead).
+So once the pass has decided a graph's subgraphs, the whole graph is written out twice as a
+standalone program, as Inductor would compile it and with the winners' op calls in place of
+their subgraphs; a worker compiles both with Inductor, checks that they agree and times them
+interleaved (env/worker.py, "context"); the replacements are kept only where the graph with
+them is not slower. The decision is cached under the graph, its signature and its winners, so a
+new winner for any subgraph makes a new check.
+"""
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+
+import torch
+import torch.fx as fx
+
+from kernel_cache import Entry, make_provenance
+
+from .env.results import ContextTiming
+from .partition import Group
+from .specs import Task
+from .task import UnsupportedGroup, task_of_nodes
+
+# Keep the replacements when Inductor's time for the whole graph over ours is at least this:
+# each winner already beat Inductor by min_speedup alone, the graph only has to confirm it.
+KEEP_AT = 1.0
+
+
+@dataclass(frozen=True)
+class ContextCheck:
+    """The graph as Inductor would compile it (`before`), the same with the winners' op calls
+    (`after`, same inputs in the same order, same outputs), and the winners' keys."""
+
+    before: Task
+    after: Task
+    winner_keys: tuple[str, ...]
+
+    @property
+    def hash(self) -> str:
+        """Names the graph with these winners in it: part of the decision's cache key."""
+        text = "\n".join(("cuda_agent.context.v1", self.before.hash, *sorted(self.winner_keys)))
+        return hashlib.sha256(text.encode()).hexdigest()[:32]
+
+
+def keeps(timing: ContextTiming) -> bool:
+    return timing.status == "passed" and (timing.speedup or 0.0) >= KEEP_AT
+
+
+def describe(timing: ContextTiming) -> str:
+    if timing.status != "passed":
+        return f"the in-context check failed ({timing.status}: {timing.reason})"
+    return (f"the whole graph ran {timing.speedup:.2f}x Inductor's speed with our kernels "
+            f"({timing.ours_ms:.4g} ms vs {timing.inductor_ms:.4g} ms)")
+
+
+def build_check(graph: fx.Graph, replacements: list[tuple[Group, str, str]],
+                rewrite) -> ContextCheck:
+    """The check for `graph` with each group replaced by its winner (group, winner key, task
+    program), through `rewrite` (graph_pass.rewrite) on a copy. Raises UnsupportedGroup where
+    the graph cannot be run on made-up inputs: integer inputs (indices drawn at random read out
+    of bounds), random ops (the two programs could not agree), non-tensor inputs or outputs."""
+    before = _graph_task(graph)
+    copy, mapped = _copy(graph)
+    for group, key, program in replacements:
+        rewrite(copy, Group([mapped[n] for n in group.nodes], group.kind), key, program)
+    after = _graph_task(copy)
+    return ContextCheck(before, after, tuple(key for _, key, _ in replacements))
+
+
+def _copy(graph: fx.Graph) -> tuple[fx.Graph, dict[fx.Node, fx.Node]]:
+    copy = fx.Graph()
+    mapped: dict[fx.Node, fx.Node] = {}
+    out = copy.graph_copy(graph, mapped)
+    copy.output(out)
+    return copy, mapped
+
+
+def _graph_task(graph: fx.Graph) -> Task:
+    placeholders = [n for n in graph.nodes if n.op == "placeholder"]
+    if any(n.op == "get_attr" for n in graph.nodes):
+        raise UnsupportedGroup("the graph holds constants of its own")
+    for p in placeholders:
+        val = p.meta.get("val")
+        if not isinstance(val, torch.Tensor):
+            raise UnsupportedGroup(f"input {p.name} is not a tensor")
+        if not (val.dtype.is_floating_point or val.dtype == torch.bool):
+            raise UnsupportedGroup(f"input {p.name} is {val.dtype}: made-up values could index out of bounds")
+    nodes = [n for n in graph.nodes if n.op == "call_function"]
+    for n in nodes:
+        target = n.target
+        if isinstance(target, torch._ops.OpOverload) and torch.Tag.nondeterministic_seeded in target.tags:
+            raise UnsupportedGroup(f"{target} is random")
+    output = next(n for n in graph.nodes if n.op == "output")
+    outputs = _output_nodes(output)
+    if not outputs:
+        raise UnsupportedGroup("the graph computes no tensor")
+    return task_of_nodes(nodes, [p for p in placeholders if p.users], outputs, "graph")
+
+
+def _output_nodes(output: fx.Node) -> list[fx.Node]:
+    """The computed nodes the graph returns, in order, each once (inputs returned as they are
+    are left out of both programs alike)."""
+    found: list[fx.Node] = []
+    fx.node.map_arg(output.args, lambda a: found.append(a) if a.op == "call_function" and a not in found else None)
+    return found
+
+
+ORIGIN = "in-context check"
+
+
+def entry_of(check: ContextCheck, timing: ContextTiming) -> Entry:
+    """The cache entry holding the verdict (outcome "context"): kept when the graph with our
+    kernels is not slower; dropped when it is, or when the check could not run or found the two
+    graphs disagreeing (then nothing of ours runs in this graph: never slower, never wrong)."""
+    return Entry(outcome="context", reason=describe(timing), origin=ORIGIN,
+                 timings={"ours_ms": timing.ours_ms, "inductor_ms": timing.inductor_ms, "speedup": timing.speedup,
+                          "kept": keeps(timing), "device": timing.device},
+                 provenance=make_provenance(ORIGIN, winners=list(check.winner_keys)), task=check.before.to_json())
+
+
+def verdict(entry: Entry) -> tuple[bool, str]:
+    """Whether to keep the graph's kernels, and what the check found."""
+    return entry.timings.get("kept") is True, entry.reason

@@ -1,0 +1,173 @@
+"""The in-context check with real workers and the real Inductor, on the CPU and (marked gpu) on
+a GPU: a graph's winners are kept only where the whole graph, compiled by Inductor with them,
+is not slower than without them; the verdict is cached per graph and winners. The winners are
+supplied by hand (as a cache would supply them): one slower than Inductor, one doing less work
+(a GEMM summed over its outputs as a GEMV), one wrong in context."""
+import hashlib
+
+import pytest
+import torch
+from torch._inductor.compile_fx import compile_fx
+
+from agent_backend import runtime
+from agent_backend.dispatch import Dispatcher, close_shared_environments
+from agent_backend.graph_pass import Decision, SubgraphPass, rewrite
+from agent_backend.in_context import build_check
+from agent_backend.options import resolve
+from agent_backend.task import UnsupportedGroup
+from kernel_cache import KernelCache
+
+SLOW_AFFINE = '''
+import time
+import torch.nn as nn
+
+
+class ModelNew(nn.Module):
+    def forward(self, x):
+        time.sleep(0.005)
+        return x * 2.0 + 1.0
+'''
+
+WRONG_AFFINE = SLOW_AFFINE.replace("time.sleep(0.005)", "pass").replace("+ 1.0", "+ 1.5")
+
+GEMV = '''
+import torch
+import torch.nn as nn
+
+
+class ModelNew(nn.Module):
+    def forward(self, x, w):
+        return torch.mv(x, w.sum(1))
+'''
+
+
+def affine_then_more(x, w):
+    y = x * 2.0 + 1.0  # returned, so it is a group of its own beside the mm
+    return torch.mm(y, w), y
+
+
+def gemm_then_sum(x, w):
+    return torch.mm(x, w).sum(1)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _close_workers():
+    yield
+    close_shared_environments()
+
+
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
+
+
+def _compile(fn, inputs, settings, sources: dict[tuple[str, ...], str]):
+    """fn compiled with our pass: a group whose ops are a key of `sources` is won by that source
+    (registered as a winner, as a cached one would be); the dispatcher's in-context check judges
+    the graph. Returns the output, the decisions and the winners' keys."""
+    dispatcher = Dispatcher(settings)
+    keys = {}
+
+    def decide(task):
+        source = sources.get(task.ops)
+        if source is None:
+            return Decision(task, None, "not supplied")
+        key = "test-" + hashlib.sha256((task.hash + source).encode()).hexdigest()[:20]
+        runtime.load_winner(runtime.Winner(key, source, task.outputs, "test"), inputs[0].device)
+        keys[task.ops] = key
+        return Decision(task, key, "kernel test")
+
+    reports = []
+
+    def backend(gm, example_inputs):
+        return compile_fx(gm, example_inputs, config_patches={"post_grad_custom_pre_pass": SubgraphPass(
+            decide, 1, reports, confirm=dispatcher.confirm_in_context)})
+
+    torch._dynamo.reset()
+    out = torch.compile(fn, backend=backend)(*inputs)
+    return out, [d for r in reports for d in r.decisions if d.task and d.task.ops in sources], keys
+
+
+def _context_entries(cache_dir):
+    cache = KernelCache.open(cache_dir=str(cache_dir))
+    return [row.entry for row in cache.local.rows() if row.entry.outcome == "context"]
+
+
+AFFINE_OPS = ("aten.mul.Tensor", "aten.add.Tensor")
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_winner_slower_in_its_graph_is_dropped_and_the_verdict_is_cached(cache_dir, device):
+    x = [torch.randn(64, 32, device=device), torch.randn(32, 32, device=device)]
+    out, (decision,), keys = _compile(affine_then_more, x, resolve({"mode": "search"}), {AFFINE_OPS: SLOW_AFFINE})
+    torch.testing.assert_close(out, affine_then_more(*x))
+    assert decision.winner_key is None and decision.reason.startswith("lost in context: the whole graph ran"), \
+        decision.reason
+    assert runtime.registered(keys[AFFINE_OPS]).calls == 0, "a dropped winner must not run"
+    (entry,) = _context_entries(cache_dir)
+    assert entry.timings["kept"] is False and entry.timings["speedup"] < 1.0, entry.timings
+
+    # mode "cached" keeps winners whose graph has no verdict; this one has one.
+    _, (again,), _ = _compile(affine_then_more, x, resolve({"mode": "cached"}), {AFFINE_OPS: SLOW_AFFINE})
+    assert again.winner_key is None and again.reason.startswith("lost in context"), again.reason
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_winner_that_removes_work_is_kept_and_runs(cache_dir, device):
+    # On a GPU big enough that the GEMM, not the winner's host time per call, sets the times.
+    m, k = (256, 1024) if device == "cpu" else (1024, 4096)
+    x, w = torch.randn(m, k, device=device), torch.randn(k, k, device=device)
+    ops = ("aten.mm.default", "aten.sum.dim_IntList")
+    out, (decision,), keys = _compile(gemm_then_sum, [x, w], resolve({"mode": "search"}), {ops: GEMV})
+    torch.testing.assert_close(out, gemm_then_sum(x, w), rtol=1e-4, atol=1e-2)
+    assert decision.winner_key == keys[ops] and "in context: the whole graph ran" in decision.reason, decision.reason
+    assert runtime.registered(keys[ops]).calls >= 1
+    (entry,) = _context_entries(cache_dir)
+    assert entry.timings["kept"] is True and entry.timings["speedup"] > 1.0, entry.timings
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_winner_that_disagrees_in_its_graph_is_dropped(cache_dir, device):
+    x = [torch.randn(64, 32, device=device), torch.randn(32, 32, device=device)]
+    _, (decision,), _ = _compile(affine_then_more, x, resolve({"mode": "search"}), {AFFINE_OPS: WRONG_AFFINE})
+    assert decision.winner_key is None and "disagrees" in decision.reason, decision.reason
+
+
+def test_without_a_verdict_mode_cached_keeps_the_winners(cache_dir):
+    x = [torch.randn(64, 32), torch.randn(32, 32)]
+    out, (decision,), keys = _compile(affine_then_more, x, resolve({"mode": "cached"}), {AFFINE_OPS: SLOW_AFFINE})
+    torch.testing.assert_close(out, affine_then_more(*x))
+    assert decision.winner_key == keys[AFFINE_OPS] and not _context_entries(cache_dir)
+
+
+def test_the_check_can_be_turned_off(cache_dir):
+    x = [torch.randn(64, 32), torch.randn(32, 32)]
+    settings = resolve({"mode": "search", "in_context_check": False})
+    _, (decision,), keys = _compile(affine_then_more, x, settings, {AFFINE_OPS: SLOW_AFFINE})
+    assert decision.winner_key == keys[AFFINE_OPS] and not _context_entries(cache_dir)
+
+
+def _graph_of(fn, inputs):
+    graphs = []
+
+    def backend(gm, example_inputs):
+        def record(graph):
+            graphs.append(graph)
+        return compile_fx(gm, example_inputs, config_patches={"post_grad_custom_pre_pass": record})
+
+    torch._dynamo.reset()
+    torch.compile(fn, backend=backend)(*inputs)
+    return graphs[0]
+
+
+def test_graphs_with_integer_inputs_or_random_ops_are_not_checked():
+    table, idx = torch.randn(10, 4), torch.randint(0, 10, (6,))
+    with pytest.raises(UnsupportedGroup, match="int64"):
+        build_check(_graph_of(lambda t, i: t[i] * 2 + 1, [table, idx]), [], rewrite)
+    with pytest.raises(UnsupportedGroup, match="random"):
+        build_check(_graph_of(lambda x: torch.nn.functional.dropout(x * 2, 0.5) + 1, [torch.randn(8)]), [], rewrite)
+
+
+def test_both_programs_take_the_graphs_inputs_in_one_order():
+    graph = _graph_of(lambda a, b: (b * 2 + a).relu() + b.sum(), [torch.randn(8), torch.randn(8)])
+    check = build_check(graph, [], rewrite)
+    assert check.before.inputs == check.after.inputs and check.before.outputs == check.after.outputs
+    assert check.before.kind == "graph"
