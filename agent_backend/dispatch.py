@@ -9,6 +9,7 @@ import functools
 import hashlib
 import json
 import logging
+import math
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -297,19 +298,34 @@ class Dispatcher:
                 return Decision(task, None, f"cached kernel failed to load: {type(e).__name__}")
         speedup = entry.timings.get("counted_speedup") or entry.timings.get("speedup_vs_inductor")
         return Decision(task, key, f"kernel {entry.origin}" + (f" ({speedup:.2f}x Inductor)" if speedup else ""),
-                        entry.timings.get("gate"))
+                        entry.timings.get("gate"), speedup)
 
 
-    def confirm_in_context(self, graph, won: list) -> tuple[bool, str]:
+    def confirm_in_context(self, graph, won: list) -> dict:
         """The in-context check (in_context.py) of a graph whose subgraphs `won` (group, decision):
-        whether to keep their winners (all or none), and what the check found ("": not checked).
-        The verdict is cached; in mode "search" a missing one is measured now; in mode
+        per winner key, keep it or not, and what the check found. The graph is checked with all
+        its winners; where it is slower with them, again without the winner that was least faster
+        alone, and so on, until a set of winners holds up or none is left."""
+        if not self.settings.in_context_check:
+            return {}
+        remaining = sorted(won, key=lambda gd: -(gd[1].speedup or math.inf))  # the least faster alone last
+        verdicts = {}
+        while remaining:
+            keep, found = self._confirm_together(graph, remaining)
+            if keep:
+                verdicts.update({d.winner_key: (True, found) for _, d in remaining})
+                break
+            verdicts[remaining[-1][1].winner_key] = (False, found)
+            remaining = remaining[:-1]
+        return verdicts
+
+    def _confirm_together(self, graph, won: list) -> tuple[bool, str]:
+        """Keep the winners `won` together in `graph`, or not; and what the check found ("": not
+        checked). The verdict is cached; in mode "search" a missing one is measured now; in mode
         "background" it is queued and the winners stay meanwhile (each won alone: the check can
         only correct a loss the next compile), as they do in mode "cached" (their own verdicts
         are all we know)."""
         from kernel_cache import make_key
-        if not self.settings.in_context_check:
-            return True, ""
         try:
             check = in_context.build_check(graph, [(g, d.winner_key, d.task.program) for g, d in won], rewrite)
         except UnsupportedGroup as e:
@@ -322,7 +338,7 @@ class Dispatcher:
             return in_context.verdict(lookup.entry)
         if self.settings.mode == "search":
             if self.progress:
-                self.progress.searching(check.before, "timing the whole graph with and without our kernels")
+                self.progress.searching(check.before, f"timing the whole graph with and without {len(won)} kernel(s)")
             entry = self._check_in_context(check)
             self.cache.put(key, entry)
             return in_context.verdict(entry)

@@ -21,12 +21,17 @@ log = logging.getLogger("cuda_agent")
 @dataclass
 class Decision:
     """What happened to one subgraph: a winner key to dispatch, or why it stays with Inductor;
-    `gate`: the gate's numbers where it timed the task (gate.Verdict.to_json)."""
+    `gate`: the gate's numbers where it timed the task (gate.Verdict.to_json); `speedup`: the
+    winner's over Inductor, timed alone."""
 
     task: Task | None
     winner_key: str | None
     reason: str
     gate: dict | None = None
+    speedup: float | None = None
+
+
+Verdict = tuple[bool, str]  # the in-context check's on one winner: keep it?, and what was found ("": unchecked)
 
 
 @dataclass
@@ -69,9 +74,9 @@ class SubgraphPass(CustomGraphPass):
 
     def __init__(self, decide: Callable[[Task], Decision], min_ops: int, reports: list[GraphReport],
                  identity: Callable[[], str | None] = lambda: None, progress=None,
-                 confirm: Callable[[fx.Graph, list[tuple[Group, Decision]]], tuple[bool, str]] | None = None):
+                 confirm: Callable[[fx.Graph, list[tuple[Group, Decision]]], dict[str, Verdict]] | None = None):
         self.decide = decide
-        self.confirm = confirm  # the in-context check: keep a graph's winners or not, and what it found
+        self.confirm = confirm  # the in-context check: per winner key, keep it or not and what was found
         self.min_ops = min_ops
         self.reports = reports
         self.identity = identity
@@ -97,10 +102,11 @@ class SubgraphPass(CustomGraphPass):
             report.decisions.append(decision)
             if decision.winner_key:
                 won.append((group, decision))
-        keep, found = self._in_context(graph, won, report.graph_index)
+        verdicts = self._in_context(graph, won, report.graph_index)
         if self.progress:
             self.progress.end_graph()
         for group, decision in won:
+            keep, found = verdicts.get(decision.winner_key, (True, ""))
             if not keep:
                 decision.reason = f"lost in context: {found} (alone: {decision.reason})"
                 decision.winner_key = None
@@ -111,15 +117,15 @@ class SubgraphPass(CustomGraphPass):
         graph.lint()
         log.info(report.summary())
 
-    def _in_context(self, graph: fx.Graph, won: list[tuple[Group, Decision]], index: int) -> tuple[bool, str]:
+    def _in_context(self, graph: fx.Graph, won: list[tuple[Group, Decision]], index: int) -> dict[str, Verdict]:
         if not won or self.confirm is None:
-            return True, ""
+            return {}
         try:
             return self.confirm(graph, won)
         except Exception as e:  # each winner was verified and won alone: a failed check keeps them
             log.warning("cuda_agent: the in-context check of graph %d failed (%s: %s); its kernels stay", index,
                         type(e).__name__, e, exc_info=True)
-            return True, ""
+            return {}
 
     def _decision(self, group: Group) -> Decision:
         try:

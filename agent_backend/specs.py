@@ -68,6 +68,9 @@ def random_tensor(spec: TensorSpec, generator: torch.Generator, *, scale: float 
     n, device = spec.storage_elements(), generator.device
     if spec.dtype == "bool" or binary:
         flat = (torch.rand(n, generator=generator, device=device) > 0.5).to(spec.torch_dtype)
+    elif not spec.torch_dtype.is_floating_point:
+        # Integers are indices (a whole graph's token ids, say): 0 is in bounds of any non-empty dim.
+        flat = torch.zeros(n, dtype=spec.torch_dtype, device=device)
     else:
         # fp16/bf16 values are drawn in fp32 and rounded; fp64 is drawn in fp64.
         draw_dtype = torch.float64 if spec.torch_dtype == torch.float64 else torch.float32

@@ -38,6 +38,8 @@ def _random_tensor(shape, stride, dtype):
     n = 1 + sum((size - 1) * st for size, st in zip(shape, stride)) if all(shape) else 0
     if dtype == torch.bool:
         flat = torch.rand(n, device=_DEVICE) > 0.5
+    elif not dtype.is_floating_point:  # indices: 0 is in bounds of any non-empty dim
+        flat = torch.zeros(n, device=_DEVICE, dtype=dtype)
     else:
         flat = torch.randn(n, device=_DEVICE, dtype=dtype)
     return flat.as_strided(shape, stride)

@@ -24,11 +24,11 @@ import torch.nn as nn
 
 class ModelNew(nn.Module):
     def forward(self, x):
-        time.sleep(0.005)
+        time.sleep(0.05)  # slower than any graph here, even on a busy machine
         return x * 2.0 + 1.0
 '''
 
-WRONG_AFFINE = SLOW_AFFINE.replace("time.sleep(0.005)", "pass").replace("+ 1.0", "+ 1.5")
+WRONG_AFFINE = SLOW_AFFINE.replace("time.sleep(0.05)", "pass").replace("+ 1.0", "+ 1.5")
 
 GEMV = '''
 import torch
@@ -59,10 +59,11 @@ def _close_workers():
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
 
 
-def _compile(fn, inputs, settings, sources: dict[tuple[str, ...], str]):
+def _compile(fn, inputs, settings, sources: dict[tuple[str, ...], str], speedups: dict[tuple[str, ...], float] = {}):
     """fn compiled with our pass: a group whose ops are a key of `sources` is won by that source
-    (registered as a winner, as a cached one would be); the dispatcher's in-context check judges
-    the graph. Returns the output, the decisions and the winners' keys."""
+    (registered as a winner, as a cached one would be, with its speedup alone from `speedups`);
+    the dispatcher's in-context check judges the graph. Returns the output, the decisions and the
+    winners' keys."""
     dispatcher = Dispatcher(settings)
     keys = {}
 
@@ -73,7 +74,7 @@ def _compile(fn, inputs, settings, sources: dict[tuple[str, ...], str]):
         key = "test-" + hashlib.sha256((task.hash + source).encode()).hexdigest()[:20]
         runtime.load_winner(runtime.Winner(key, source, task.outputs, "test"), inputs[0].device)
         keys[task.ops] = key
-        return Decision(task, key, "kernel test")
+        return Decision(task, key, "kernel test", speedup=speedups.get(task.ops))
 
     reports = []
 
@@ -92,6 +93,7 @@ def _context_entries(cache_dir):
 
 
 AFFINE_OPS = ("aten.mul.Tensor", "aten.add.Tensor")
+GEMM_SUM_OPS = ("aten.mm.default", "aten.sum.dim_IntList")
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -115,11 +117,10 @@ def test_a_winner_that_removes_work_is_kept_and_runs(cache_dir, device):
     # On a GPU big enough that the GEMM, not the winner's host time per call, sets the times.
     m, k = (256, 1024) if device == "cpu" else (1024, 4096)
     x, w = torch.randn(m, k, device=device), torch.randn(k, k, device=device)
-    ops = ("aten.mm.default", "aten.sum.dim_IntList")
-    out, (decision,), keys = _compile(gemm_then_sum, [x, w], resolve({"mode": "search"}), {ops: GEMV})
+    out, (decision,), keys = _compile(gemm_then_sum, [x, w], resolve({"mode": "search"}), {GEMM_SUM_OPS: GEMV})
     torch.testing.assert_close(out, gemm_then_sum(x, w), rtol=1e-4, atol=1e-2)
-    assert decision.winner_key == keys[ops] and "in context: the whole graph ran" in decision.reason, decision.reason
-    assert runtime.registered(keys[ops]).calls >= 1
+    assert decision.winner_key == keys[GEMM_SUM_OPS] and "in context: the whole graph ran" in decision.reason, decision.reason
+    assert runtime.registered(keys[GEMM_SUM_OPS]).calls >= 1
     (entry,) = _context_entries(cache_dir)
     assert entry.timings["kept"] is True and entry.timings["speedup"] > 1.0, entry.timings
 
@@ -158,10 +159,7 @@ def _graph_of(fn, inputs):
     return graphs[0]
 
 
-def test_graphs_with_integer_inputs_or_random_ops_are_not_checked():
-    table, idx = torch.randn(10, 4), torch.randint(0, 10, (6,))
-    with pytest.raises(UnsupportedGroup, match="int64"):
-        build_check(_graph_of(lambda t, i: t[i] * 2 + 1, [table, idx]), [], rewrite)
+def test_graphs_with_random_ops_are_not_checked():
     with pytest.raises(UnsupportedGroup, match="random"):
         build_check(_graph_of(lambda x: torch.nn.functional.dropout(x * 2, 0.5) + 1, [torch.randn(8)]), [], rewrite)
 
@@ -171,3 +169,30 @@ def test_both_programs_take_the_graphs_inputs_in_one_order():
     check = build_check(graph, [], rewrite)
     assert check.before.inputs == check.after.inputs and check.before.outputs == check.after.outputs
     assert check.before.kind == "graph"
+
+
+def test_a_graph_indexed_by_integer_inputs_is_checked_with_indices_in_bounds(cache_dir):
+    """Token ids become zeros in the check's inputs; drawn like floats they were negative."""
+    def embed_then_affine(table, ids, w):
+        y = table[ids] * 2.0 + 1.0
+        return torch.mm(y, w), y
+
+    inputs = [torch.randn(1000, 32), torch.randint(0, 1000, (64,)), torch.randn(32, 32)]
+    out, (decision,), _ = _compile(embed_then_affine, inputs, resolve({"mode": "search"}), {AFFINE_OPS: SLOW_AFFINE})
+    torch.testing.assert_close(out, embed_then_affine(*inputs))
+    assert decision.reason.startswith("lost in context: the whole graph ran"), decision.reason
+
+
+def test_where_all_winners_lose_together_the_one_least_faster_alone_is_dropped_first(cache_dir):
+    def two_groups(x, w, v, u):
+        y = v * 2.0 + 1.0
+        return torch.mm(x, w).sum(1), torch.mm(y, u), y
+
+    inputs = [torch.randn(256, 1024), torch.randn(1024, 1024), torch.randn(64, 32), torch.randn(32, 32)]
+    _, decisions, keys = _compile(two_groups, inputs, resolve({"mode": "search"}),
+                                  {GEMM_SUM_OPS: GEMV, AFFINE_OPS: SLOW_AFFINE}, {GEMM_SUM_OPS: 3.0, AFFINE_OPS: 1.2})
+    by_ops = {d.task.ops: d for d in decisions}
+    assert by_ops[AFFINE_OPS].winner_key is None and by_ops[AFFINE_OPS].reason.startswith("lost in context")
+    assert by_ops[GEMM_SUM_OPS].winner_key == keys[GEMM_SUM_OPS], by_ops[GEMM_SUM_OPS].reason
+    kept = sorted(e.timings["kept"] for e in _context_entries(cache_dir))
+    assert kept == [False, True], "one check with both winners, one with the GEMV alone"
