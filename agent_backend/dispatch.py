@@ -301,22 +301,27 @@ class Dispatcher:
                         entry.timings.get("gate"), speedup)
 
 
-    def confirm_in_context(self, graph, won: list) -> dict:
+    def confirm_in_context(self, graph, won: list) -> list:
         """The in-context check (in_context.py) of a graph whose subgraphs `won` (group, decision):
-        per winner key, keep it or not, and what the check found. The graph is checked with all
+        for each, keep its winner or not, and what the check found. The graph is checked with all
         its winners; where it is slower with them, again without the winner that was least faster
-        alone, and so on, until a set of winners holds up or none is left."""
+        alone (from every group it won: a transformer's layers repeat their tasks), and so on,
+        until a set of winners holds up or none is left."""
         if not self.settings.in_context_check:
-            return {}
-        remaining = sorted(won, key=lambda gd: -(gd[1].speedup or math.inf))  # the least faster alone last
-        verdicts = {}
+            return [(True, "")] * len(won)
+        verdicts: list = [None] * len(won)
+        # the least faster alone last (an unknown speedup counts as the best)
+        remaining = sorted(range(len(won)), key=lambda i: -(won[i][1].speedup or math.inf))
         while remaining:
-            keep, found = self._confirm_together(graph, remaining)
+            keep, found = self._confirm_together(graph, [won[i] for i in remaining])
             if keep:
-                verdicts.update({d.winner_key: (True, found) for _, d in remaining})
+                for i in remaining:
+                    verdicts[i] = (True, found)
                 break
-            verdicts[remaining[-1][1].winner_key] = (False, found)
-            remaining = remaining[:-1]
+            dropped = won[remaining[-1]][1].winner_key
+            for i in [i for i in remaining if won[i][1].winner_key == dropped]:
+                verdicts[i] = (False, found)
+                remaining.remove(i)
         return verdicts
 
     def _confirm_together(self, graph, won: list) -> tuple[bool, str]:
@@ -353,7 +358,7 @@ class Dispatcher:
     def _check_in_context(self, check) -> "Entry":
         env = shared_environment(self.settings.devices, self.precision, self.settings.min_speedup)
         winners = [runtime.registered(k).to_json() for k in check.winner_keys]
-        timing = env.time_in_context(check.before, check.after, winners)
+        timing = env.time_in_context(check.before, check.after, winners, compare=check.comparable)
         return in_context.entry_of(check, timing)
 
 

@@ -74,9 +74,9 @@ class SubgraphPass(CustomGraphPass):
 
     def __init__(self, decide: Callable[[Task], Decision], min_ops: int, reports: list[GraphReport],
                  identity: Callable[[], str | None] = lambda: None, progress=None,
-                 confirm: Callable[[fx.Graph, list[tuple[Group, Decision]]], dict[str, Verdict]] | None = None):
+                 confirm: Callable[[fx.Graph, list[tuple[Group, Decision]]], list[Verdict]] | None = None):
         self.decide = decide
-        self.confirm = confirm  # the in-context check: per winner key, keep it or not and what was found
+        self.confirm = confirm  # the in-context check: for each group won, keep it or not and what was found
         self.min_ops = min_ops
         self.reports = reports
         self.identity = identity
@@ -105,8 +105,7 @@ class SubgraphPass(CustomGraphPass):
         verdicts = self._in_context(graph, won, report.graph_index)
         if self.progress:
             self.progress.end_graph()
-        for group, decision in won:
-            keep, found = verdicts.get(decision.winner_key, (True, ""))
+        for (group, decision), (keep, found) in zip(won, verdicts):
             if not keep:
                 decision.reason = f"lost in context: {found} (alone: {decision.reason})"
                 decision.winner_key = None
@@ -117,15 +116,16 @@ class SubgraphPass(CustomGraphPass):
         graph.lint()
         log.info(report.summary())
 
-    def _in_context(self, graph: fx.Graph, won: list[tuple[Group, Decision]], index: int) -> dict[str, Verdict]:
+    def _in_context(self, graph: fx.Graph, won: list[tuple[Group, Decision]], index: int) -> list[Verdict]:
+        unchecked = [(True, "")] * len(won)
         if not won or self.confirm is None:
-            return {}
+            return unchecked
         try:
             return self.confirm(graph, won)
         except Exception as e:  # each winner was verified and won alone: a failed check keeps them
             log.warning("cuda_agent: the in-context check of graph %d failed (%s: %s); its kernels stay", index,
                         type(e).__name__, e, exc_info=True)
-            return {}
+            return unchecked
 
     def _decision(self, group: Group) -> Decision:
         try:

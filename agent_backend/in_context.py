@@ -13,6 +13,7 @@ new winner for any subgraph makes a new check.
 from __future__ import annotations
 
 import hashlib
+import operator
 from dataclasses import dataclass
 
 import torch
@@ -38,11 +39,13 @@ class ContextCheck:
     before: Task
     after: Task
     winner_keys: tuple[str, ...]
+    comparable: bool = True  # False where the graph draws random numbers (dropout): timed, not compared
 
     @property
     def hash(self) -> str:
-        """Names the graph with these winners in it: part of the decision's cache key."""
-        text = "\n".join(("cuda_agent.context.v1", self.before.hash, *sorted(self.winner_keys)))
+        """Names the graph and where which winners stand in it (the body of `after` holds their
+        keys at their places): part of the decision's cache key."""
+        text = "\n".join(("cuda_agent.context.v2", self.before.hash, self.after.hash))
         return hashlib.sha256(text.encode()).hexdigest()[:32]
 
 
@@ -61,15 +64,31 @@ def build_check(graph: fx.Graph, replacements: list[tuple[Group, str, str]],
                 rewrite) -> ContextCheck:
     """The check for `graph` with each group replaced by its winner (group, winner key, task
     program), through `rewrite` (graph_pass.rewrite) on a copy. Raises UnsupportedGroup where
-    the graph cannot be run on made-up inputs: random ops (the two programs could not agree),
-    non-tensor inputs, constants of its own. Integer inputs (token ids) are drawn as zeros
-    (specs.random_tensor): in bounds of whatever they index."""
+    the graph cannot be written as a program run on made-up inputs: non-tensor inputs, constants
+    of its own, ops other than ATen's. Integer inputs (token ids) are drawn as zeros
+    (specs.random_tensor): in bounds of whatever they index. A graph that draws random numbers
+    is timed only: the two programs' results could not agree."""
     before = _graph_task(graph)
     copy, mapped = _copy(graph)
     for group, key, program in replacements:
         rewrite(copy, Group([mapped[n] for n in group.nodes], group.kind), key, program)
     after = _graph_task(copy)
-    return ContextCheck(before, after, tuple(key for _, key, _ in replacements))
+    comparable = not any(_draws_random(n) for n in graph.nodes if n.op == "call_function")
+    return ContextCheck(before, after, tuple(key for _, key, _ in replacements), comparable)
+
+
+def _draws_random(node: fx.Node) -> bool:
+    """Tagged random and not an attention op with dropout_p == 0 (they carry the tag for
+    dropout, as GPT-2's and BERT's inference graphs call them)."""
+    target = node.target
+    if not (isinstance(target, torch._ops.OpOverload) and torch.Tag.nondeterministic_seeded in target.tags):
+        return False
+    names = [a.name for a in target._schema.arguments]
+    if "dropout_p" not in names:
+        return True
+    i = names.index("dropout_p")
+    p = node.kwargs.get("dropout_p", node.args[i] if i < len(node.args) else target._schema.arguments[i].default_value)
+    return p != 0
 
 
 def _copy(graph: fx.Graph) -> tuple[fx.Graph, dict[fx.Node, fx.Node]]:
@@ -92,9 +111,8 @@ def _graph_task(graph: fx.Graph) -> Task:
             raise UnsupportedGroup(f"input {p.name} is {val.dtype}")
     nodes = [n for n in graph.nodes if n.op == "call_function"]
     for n in nodes:
-        target = n.target
-        if isinstance(target, torch._ops.OpOverload) and torch.Tag.nondeterministic_seeded in target.tags:
-            raise UnsupportedGroup(f"{target} is random")
+        if not (isinstance(n.target, torch._ops.OpOverload) or n.target is operator.getitem):
+            raise UnsupportedGroup(f"{n.target} is not an ATen op")
     output = next(n for n in graph.nodes if n.op == "output")
     outputs = _output_nodes(output)
     if not outputs:

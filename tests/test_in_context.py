@@ -62,13 +62,18 @@ DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
 def _compile(fn, inputs, settings, sources: dict[tuple[str, ...], str], speedups: dict[tuple[str, ...], float] = {}):
     """fn compiled with our pass: a group whose ops are a key of `sources` is won by that source
     (registered as a winner, as a cached one would be, with its speedup alone from `speedups`);
-    the dispatcher's in-context check judges the graph. Returns the output, the decisions and the
-    winners' keys."""
+    the dispatcher's in-context check judges the graph. Returns the output, the decisions on
+    those groups and the winners' keys by ops."""
+    return _compile_with(fn, inputs, settings, lambda task: sources.get(task.ops), speedups)
+
+
+def _compile_with(fn, inputs, settings, source_for, speedups: dict[tuple[str, ...], float] = {}):
+    """As _compile, with `source_for(task)` giving a group's winner (None: no winner)."""
     dispatcher = Dispatcher(settings)
     keys = {}
 
     def decide(task):
-        source = sources.get(task.ops)
+        source = source_for(task)
         if source is None:
             return Decision(task, None, "not supplied")
         key = "test-" + hashlib.sha256((task.hash + source).encode()).hexdigest()[:20]
@@ -84,7 +89,7 @@ def _compile(fn, inputs, settings, sources: dict[tuple[str, ...], str], speedups
 
     torch._dynamo.reset()
     out = torch.compile(fn, backend=backend)(*inputs)
-    return out, [d for r in reports for d in r.decisions if d.task and d.task.ops in sources], keys
+    return out, [d for r in reports for d in r.decisions if d.task and d.task.ops in keys], keys
 
 
 def _context_entries(cache_dir):
@@ -146,7 +151,7 @@ def test_the_check_can_be_turned_off(cache_dir):
     assert decision.winner_key == keys[AFFINE_OPS] and not _context_entries(cache_dir)
 
 
-def _graph_of(fn, inputs):
+def _graph_of(fn, inputs, dynamic=False):
     graphs = []
 
     def backend(gm, example_inputs):
@@ -155,13 +160,24 @@ def _graph_of(fn, inputs):
         return compile_fx(gm, example_inputs, config_patches={"post_grad_custom_pre_pass": record})
 
     torch._dynamo.reset()
-    torch.compile(fn, backend=backend)(*inputs)
+    torch.compile(fn, backend=backend, dynamic=dynamic)(*inputs)
     return graphs[0]
 
 
-def test_graphs_with_random_ops_are_not_checked():
-    with pytest.raises(UnsupportedGroup, match="random"):
-        build_check(_graph_of(lambda x: torch.nn.functional.dropout(x * 2, 0.5) + 1, [torch.randn(8)]), [], rewrite)
+def test_graphs_drawing_random_numbers_are_timed_without_comparing_results():
+    dropout = build_check(_graph_of(lambda x: torch.nn.functional.dropout(x * 2, 0.5) + 1, [torch.randn(8)]), [],
+                          rewrite)
+    assert not dropout.comparable
+    # Attention ops carry the random tag for their dropout; at dropout_p = 0 they are deterministic.
+    q = torch.randn(1, 2, 8, 4)
+    attention = build_check(_graph_of(lambda q, k, v: torch.nn.functional.scaled_dot_product_attention(q, k, v) * 2,
+                                      [q, q.clone(), q.clone()]), [], rewrite)
+    assert attention.comparable and any("scaled_dot_product" in op for op in attention.before.ops)
+
+
+def test_graphs_with_symbolic_sizes_are_not_checked():
+    with pytest.raises(UnsupportedGroup, match="not a tensor"):
+        build_check(_graph_of(lambda x: x * 2 + 1, [torch.randn(8)], dynamic=True), [], rewrite)
 
 
 def test_both_programs_take_the_graphs_inputs_in_one_order():
@@ -196,3 +212,28 @@ def test_where_all_winners_lose_together_the_one_least_faster_alone_is_dropped_f
     assert by_ops[GEMM_SUM_OPS].winner_key == keys[GEMM_SUM_OPS], by_ops[GEMM_SUM_OPS].reason
     kept = sorted(e.timings["kept"] for e in _context_entries(cache_dir))
     assert kept == [False, True], "one check with both winners, one with the GEMV alone"
+
+
+def test_a_transformer_graph_is_checked_whole(cache_dir):
+    """GPT-2's inference graph (token ids, attention with dropout_p = 0) with its LayerNorms won
+    by their own programs: both graphs compile in the worker, agree and are timed."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(0)
+    model = GPT2LMHeadModel(GPT2Config(vocab_size=100, n_positions=32, n_embd=32, n_layer=1, n_head=2)).eval()
+    ids = torch.randint(0, 100, (2, 16))
+
+    def own_program(task):  # the task's reference, as a winner: correct by construction
+        return task.program + "\n\nclass ModelNew(Model):\n    pass\n" if task.ops[0] == "aten.var_mean.correction" \
+            else None
+
+    with torch.no_grad():
+        expected = model(ids).logits
+        out, decisions, keys = _compile_with(lambda i: model(i).logits, [ids], resolve({"mode": "search"}),
+                                             own_program)
+    torch.testing.assert_close(out, expected, rtol=1e-4, atol=1e-4)
+    assert len(keys) == 1 and len(decisions) == 3, "the three LayerNorms are one task"
+    entries = _context_entries(cache_dir)
+    assert entries and all(e.reason.startswith("the whole graph ran") for e in entries), [e.reason for e in entries]
+    # Kept or dropped, each decision says what the check found.
+    assert all("in context: the whole graph ran" in d.reason for d in decisions), [d.reason for d in decisions]

@@ -265,14 +265,16 @@ class Environment:
         with self._free_worker() as handle:
             return _Evaluation(self, handle, task, None).run_reference(floors_path)
 
-    def time_in_context(self, before: Task, after: Task, winners: list[dict]) -> ContextTiming:
+    def time_in_context(self, before: Task, after: Task, winners: list[dict],
+                        compare: bool = True) -> ContextTiming:
         """A whole graph (`before`, as Inductor compiles it) against the same graph calling our
         winners (`after`; winners: runtime.Winner.to_json() of each), both compiled with
-        Inductor on a free worker, checked to agree, and timed interleaved (in_context.py)."""
+        Inductor on a free worker, checked to agree (where `compare`: not where they draw random
+        numbers), and timed interleaved (in_context.py)."""
         with self._free_worker() as handle:
             timeouts = self.timeouts
             reply = handle.request({"op": "context", "before": before.to_json(), "after": after.to_json(),
-                                    "winners": winners, "precision": self.precision},
+                                    "winners": winners, "precision": self.precision, "compare": compare},
                                    2 * timeouts.compile_s + timeouts.profile_s, "the in-context check", timeouts.start_s)
             if reply.failure:
                 return ContextTiming(reply.failure.status, reply.failure.reason, device=handle.device)
