@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# One GPU session's measurements in as few device calls as possible, each phase well inside a
+# 10-minute call; logs and results go to $OUT (default benchmarks/results/session-<date>).
+#
+#   benchmarks/gpu_session.sh tests          # the gpu-marked tests, each file in its own pytest process
+#   benchmarks/gpu_session.sh in-context     # suite problems where a kernel won alone and lost in its graph
+#   benchmarks/gpu_session.sh transformers   # GPT-2 / Llama / BERT, bf16, interleaved against Inductor
+#
+# Each test file runs in a process of its own, so a crash (the launch op's segfault on the
+# H100 machine, 2026-11-23) costs that file only, and its exit status is recorded.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+phase=${1:?"usage: $0 tests|in-context|transformers"}
+out=${OUT:-benchmarks/results/session-$(date +%F)}
+mkdir -p "$out"
+gpu=$(python3 -c "import torch; print(torch.cuda.get_device_name(0))" 2>/dev/null || echo "no GPU")
+torch_version=$(python3 -c "import torch; print(torch.__version__)")
+header() { echo "# $1 on $gpu, torch $torch_version, $(date -u +%FT%TZ)"; }
+
+case "$phase" in
+  tests)
+    log="$out/gpu_tests.log"
+    header "gpu tests" >"$log"
+    for file in $(grep -l "mark.gpu" tests/test_*.py); do
+      start=$(date +%s)
+      python3 -m pytest -q -m gpu -p no:cacheprovider "$file" >"$out/last_test.log" 2>&1
+      status=$?
+      echo "## $file: exit $status after $(( $(date +%s) - start )) s" >>"$log"
+      tail -n 25 "$out/last_test.log" >>"$log"
+    done
+    rm -f "$out/last_test.log"
+    grep '^## ' "$log"
+    ;;
+  in-context)
+    header "in-context problems" >"$out/in_context.log"
+    python3 -m benchmarks.suite --level 1 --only cross_entropy l2_normalize softmax layernorm \
+      --dtype fp32 bf16 --rounds 5 --calls 3 --out "$out" -o search_budget_s=45 >>"$out/in_context.log" 2>&1
+    tail -n 30 "$out/in_context.log"
+    ;;
+  transformers)
+    header "transformers" >"$out/transformers.log"
+    python3 -m benchmarks.suite --group transformers --dtype bf16 --rounds 5 --calls 3 --out "$out" \
+      -o search_budget_s=30 >>"$out/transformers.log" 2>&1
+    tail -n 30 "$out/transformers.log"
+    ;;
+  *)
+    echo "unknown phase $phase: tests, in-context or transformers" >&2
+    exit 2
+    ;;
+esac
