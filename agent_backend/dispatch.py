@@ -336,6 +336,10 @@ class Dispatcher:
         except UnsupportedGroup as e:
             log.info("cuda_agent: a graph's kernels are not checked in context: %s", e)
             return True, ""
+        too_big = in_context.too_big(check)
+        if too_big:
+            log.info("cuda_agent: a graph's kernels are not checked in context: %s", too_big)
+            return True, ""
         device = (check.before.inputs or check.before.outputs)[0].device
         key = make_key(check.hash, check.before.inputs, device, self.precision)
         lookup = self.cache.get(key)

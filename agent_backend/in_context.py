@@ -29,6 +29,7 @@ from .task import UnsupportedGroup, task_of_nodes
 # Keep the replacements when Inductor's time for the whole graph over ours is at least this:
 # each winner already beat Inductor by min_speedup alone, the graph only has to confirm it.
 KEEP_AT = 1.0
+MEMORY_SHARE = 0.25  # see too_big
 
 
 @dataclass(frozen=True)
@@ -58,6 +59,19 @@ def describe(timing: ContextTiming) -> str:
         return f"the in-context check failed ({timing.status}: {timing.reason})"
     return (f"the whole graph ran {timing.speedup:.2f}x Inductor's speed with our kernels "
             f"({timing.ours_ms:.4g} ms vs {timing.inductor_ms:.4g} ms)")
+
+
+def too_big(check: ContextCheck) -> str | None:
+    """Why the check should not run on this GPU: a worker holds the graph's inputs at least twice
+    (two input sets) beside both programs' work and the user's own process; a graph whose inputs
+    take more than MEMORY_SHARE of the GPU's free memory is left unchecked."""
+    if not check.before.inputs or check.before.inputs[0].device != "cuda":
+        return None
+    need = sum(s.storage_bytes() for s in check.before.inputs)
+    free, _ = torch.cuda.mem_get_info()
+    if need <= MEMORY_SHARE * free:
+        return None
+    return f"its inputs ({need / 2**30:.2f} GiB) take more than {MEMORY_SHARE:.0%} of the GPU's free memory"
 
 
 def build_check(graph: fx.Graph, replacements: list[tuple[Group, str, str]],

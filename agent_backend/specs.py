@@ -51,6 +51,9 @@ class TensorSpec:
             return 0
         return 1 + sum((n - 1) * st for n, st in zip(self.shape, self.stride))
 
+    def storage_bytes(self) -> int:
+        return self.storage_elements() * self.torch_dtype.itemsize
+
     def to_json(self) -> dict:
         return {"shape": list(self.shape), "stride": list(self.stride), "dtype": self.dtype, "device": self.device}
 

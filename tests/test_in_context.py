@@ -237,3 +237,16 @@ def test_a_transformer_graph_is_checked_whole(cache_dir):
     assert entries and all(e.reason.startswith("the whole graph ran") for e in entries), [e.reason for e in entries]
     # Kept or dropped, each decision says what the check found.
     assert all("in context: the whole graph ran" in d.reason for d in decisions), [d.reason for d in decisions]
+
+
+def test_a_graph_whose_inputs_take_a_large_share_of_the_gpus_free_memory_is_not_checked(monkeypatch):
+    from agent_backend.in_context import ContextCheck, too_big
+    from agent_backend.specs import Task, TensorSpec
+
+    weights = TensorSpec((4096, 4096), (4096, 1), "bfloat16", "cuda")  # 32 MiB
+    graph = Task("h", "", (weights, weights), (weights,), (), "graph")
+    check = ContextCheck(graph, graph, ("k",))
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda *device: (1 << 30, 1 << 31))
+    assert too_big(check) is None  # 64 MiB of 1 GiB free
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda *device: (200 << 20, 1 << 31))
+    assert "take more than 25% of the GPU's free memory" in too_big(check)

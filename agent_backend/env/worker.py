@@ -155,7 +155,8 @@ class Worker:
                     return {"status": "compile_error", "reason": f"{name}: {state.inductor_error}"}
                 compiled[name] = state.compiled
             seed = new_seed()
-            input_sets = [random_inputs(before.inputs, seed + k, device=str(self.device)) for k in range(INPUT_SETS)]
+            input_sets = [random_inputs(before.inputs, seed + k, device=str(self.device))
+                          for k in range(self._input_sets_that_fit(before))]
             with precision_context(self.switches, precision), torch.no_grad():
                 problem = request.get("compare", True) and _disagreement(
                     compiled["ours"](*input_sets[0]), compiled["inductor"](*input_sets[0]), before, precision)
@@ -197,6 +198,15 @@ class Worker:
                 self.device, CudaTimer(self.device, self.cycles_per_ms), lambda p: precision_context(self.switches, p)))
             self.floors = {"floors": floors.to_json(), "floors_key": key}
         return self.floors
+
+    def _input_sets_that_fit(self, task: Task) -> int:
+        """INPUT_SETS, or fewer (at least one) where they would take more than half the GPU's
+        free memory: a whole graph's inputs can be a model's weights."""
+        if self.device.type != "cuda":
+            return INPUT_SETS
+        free, _ = torch.cuda.mem_get_info(self.device)
+        per_set = max(sum(s.storage_bytes() for s in task.inputs), 1)
+        return max(1, min(INPUT_SETS, int(0.5 * free // per_set)))
 
     def _load(self, request: dict) -> dict:
         self._unload()
