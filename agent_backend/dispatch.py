@@ -363,6 +363,9 @@ class Dispatcher:
         env = shared_environment(self.settings.devices, self.precision, self.settings.min_speedup)
         winners = [runtime.registered(k).to_json() for k in check.winner_keys]
         timing = env.time_in_context(check.before, check.after, winners, compare=check.comparable)
+        if timing.status != "passed":  # each winner passed verification alone: worth a look
+            log.warning("cuda_agent: the in-context check of graph %s failed (%s: %s); its kernels are dropped",
+                        check.before.hash[:12], timing.status, timing.reason)
         return in_context.entry_of(check, timing)
 
 

@@ -273,9 +273,10 @@ class Environment:
         numbers), and timed interleaved (in_context.py)."""
         with self._free_worker() as handle:
             timeouts = self.timeouts
-            reply = handle.request({"op": "context", "before": before.to_json(), "after": after.to_json(),
-                                    "winners": winners, "precision": self.precision, "compare": compare},
-                                   2 * timeouts.compile_s + timeouts.profile_s, "the in-context check", timeouts.start_s)
+            request = {"op": "context", "before": before.to_json(), "after": after.to_json(), "winners": winners,
+                       "precision": self.precision, "compare": compare}
+            reply = handle.request(request, 2 * timeouts.compile_s + timeouts.profile_s, "the in-context check",
+                                   timeouts.start_s)
             if reply.failure:
                 return ContextTiming(reply.failure.status, reply.failure.reason, device=handle.device)
             if reply.data.get("restart"):

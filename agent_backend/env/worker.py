@@ -39,8 +39,8 @@ from agent_backend.env.guards import REAL, GlobalSwitches, PatchFingerprint, Sta
 from agent_backend.env.profile import INPUT_SETS, CudaTimer, make_timer, profile_candidate, time_contenders
 from agent_backend.env.compare import compare_values, layout_problem, tolerance
 from agent_backend.env.results import Failure, counted_ms
-from agent_backend.env.verify import (CpuRunner, CudaRunner, TorchOpRecorder, Verifier, cuda_usable, failure_from_exception,
-                                      new_seed, output_list, sleep_cycles_per_ms)
+from agent_backend.env.verify import (CpuRunner, CudaRunner, TorchOpRecorder, Verifier, cuda_usable,
+                                      failure_from_exception, new_seed, output_list, sleep_cycles_per_ms)
 from agent_backend.specs import Candidate, Task, random_inputs
 
 _TASKS_KEPT = 8  # task references (and their Inductor compilations) kept per worker
@@ -145,9 +145,12 @@ class Worker:
         they are timed interleaved (agent_backend/in_context.py). The winners are verified
         kernels from the caller's cache, loaded here as a compiled graph loads them. A graph that
         draws random numbers ("compare": false) is timed without the agreement check."""
-        before, after, precision = Task.from_json(request["before"]), Task.from_json(request["after"]), request["precision"]
-        winners = [runtime.load_winner(runtime.Winner.from_json(w), self.device) for w in request["winners"]]
+        before, after = Task.from_json(request["before"]), Task.from_json(request["after"])
+        precision = request["precision"]
+        winners = [runtime.Winner.from_json(w) for w in request["winners"]]
         try:
+            for winner in winners:
+                runtime.load_winner(winner, self.device)
             compiled = {}
             for name, task in (("inductor", before), ("ours", after)):
                 state = self._compiled(task, precision)
