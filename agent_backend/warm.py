@@ -66,8 +66,12 @@ def format_decisions(decisions: list[Decision]) -> str:
             lines.append(f"{'':16}  {'':9} {'':8}  {format_gate(d.gate)}")
     won = sum(1 for d in decisions if d.winner_key)
     gated = sum(1 for d in decisions if d.gate and d.gate["skipped"])
+    lost = sum(1 for d in decisions if d.reason.startswith("lost in context"))
+    notes = [f"{gated} where the gate found Inductor at the floor" if gated else "",
+             f"{lost} whose kernel won alone and lost in its graph" if lost else ""]
+    notes = "; ".join(n for n in notes if n)
     lines.append(f"{len(decisions)} subgraph(s): {won} run by our kernels, {len(decisions) - won} by Inductor"
-                 + (f" ({gated} where the gate found Inductor at the floor)" if gated else ""))
+                 + (f" ({notes})" if notes else ""))
     return "\n".join(lines)
 
 

@@ -79,6 +79,19 @@ def test_report_shows_a_cached_winner(model_file, cache_dir, capsys):
                 task.hash, "kernel", "kernel test (1.25x Inductor)")
 
 
+def test_report_shows_a_cached_winner_that_lost_in_its_graph(model_file, cache_dir, capsys):
+    """warm runs the in-context check of a graph with a cached winner (here one that sleeps, on
+    the CPU) and caches its verdict; report then says the winner lost in its graph."""
+    model, inputs = load_factory(f"{model_file}:make")()
+    (task,) = collect_tasks(model, list(inputs), backward=False, min_ops=2)
+    slow = GATE_WINNER.replace("    def forward(self, x, y):\n", "    def forward(self, x, y):\n        time.sleep(0.05)\n")
+    put_cached_entry(task, source="import time\n" + slow, timings={"counted_speedup": 1.25})
+    _run(capsys, "warm", f"{model_file}:make", "--no-backward")
+    code, out = _run(capsys, "report", f"{model_file}:make", "--no-backward")
+    assert code == 0 and "inductor  lost in context: the whole graph ran" in out, out
+    assert "0 run by our kernels, 1 by Inductor (1 whose kernel won alone and lost in its graph)" in out
+
+
 @pytest.mark.parametrize("option, message", [
     ("bogus=1", "unknown option(s) 'bogus'"),
     ("min_speedup=fast", "min_speedup"),
