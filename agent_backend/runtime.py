@@ -188,24 +188,40 @@ def _conform(out: torch.Tensor, spec: TensorSpec) -> torch.Tensor:
     return fixed.copy_(out)
 
 
-@torch.library.custom_op("cuda_agent::run_winner", mutates_args=())
+# Defined on a torch.library.Library, as the launch op is, rather than with
+# torch.library.custom_op, whose autograd wrapper and aliasing check cost about 8 us of host
+# time per call (benchmarks/run_winner_host.py, on the CPU of a 2-core build machine). Compiled graphs call it after autograd, and
+# verified winners return fresh outputs (the verifier refuses one sharing an input's memory).
+_library = torch.library.Library("cuda_agent", "FRAGMENT")
+_library.define("run_winner(str key, str program, Tensor[] inputs) -> Tensor[]")
+
+
 def run_winner(key: str, program: str, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
     device = inputs[0].device
     winner = _registry.get(key)
     if winner is None and key not in _references:  # a winner found missing once stays missing
         winner = _load_from_sources(key, device)
     if winner is None:
-        return _as_list(_reference(key, program)(*inputs))
+        return [_fresh(o, inputs) for o in _as_list(_reference(key, program)(*inputs))]
     winner.run_winner_calls += 1
     outs = _as_list(winner.forward_on(device)(*inputs))
     return [_conform(o, s) for o, s in zip(outs, winner.outputs)]
+
+
+_library.impl("run_winner", run_winner, "CompositeExplicitAutograd")
 
 
 def _as_list(result) -> list[torch.Tensor]:
     return [result] if isinstance(result, torch.Tensor) else list(result)
 
 
-@run_winner.register_fake
+def _fresh(out: torch.Tensor, inputs: list[torch.Tensor]) -> torch.Tensor:
+    """`out`, or a copy where it is (a view of) an input: the op's outputs are new tensors."""
+    storage = out.untyped_storage().data_ptr()
+    return out.clone() if any(storage == t.untyped_storage().data_ptr() for t in inputs) else out
+
+
+@torch.library.register_fake("cuda_agent::run_winner")
 def _run_winner_fake(key: str, program: str, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
     winner = _registry.get(key)
     if winner is None:

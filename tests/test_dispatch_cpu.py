@@ -306,3 +306,14 @@ def test_inductor_compiles_a_graph_around_the_launch_op(cache_dir):
         assert runtime.registered(key).spec is not None
     finally:
         runtime._registry.pop(key, None)  # a CPU winner that cannot run must not stay for the next tests
+
+
+def test_run_winner_never_returns_an_input_even_where_the_subgraphs_program_would():
+    """A winner missing from every cache runs its subgraph's program; where that returns a view
+    of an input, the op still returns a new tensor (a compiled graph takes its outputs as new)."""
+    program = ("import torch\nimport torch.nn as nn\n\n\nclass Model(nn.Module):\n"
+               "    def forward(self, in0):\n        return torch.ops.aten.view.default(in0, [2, 4])\n\n\n"
+               "def get_init_inputs():\n    return []\n")
+    x = torch.randn(8)
+    (out,) = torch.ops.cuda_agent.run_winner.default("no such winner", program, [x])
+    assert torch.equal(out, x.view(2, 4)) and out.untyped_storage().data_ptr() != x.untyped_storage().data_ptr()
