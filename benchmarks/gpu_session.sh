@@ -5,12 +5,13 @@
 #   benchmarks/gpu_session.sh tests          # the gpu-marked tests, each file in its own pytest process
 #   benchmarks/gpu_session.sh in-context     # suite problems where a kernel won alone and lost in its graph
 #   benchmarks/gpu_session.sh transformers   # GPT-2 / Llama / BERT, bf16, interleaved against Inductor
+#   benchmarks/gpu_session.sh dispatch       # host cost per call of the launch op and of run_winner
 #
 # Each test file runs in a process of its own, so a crash (the launch op's segfault on the
 # H100 machine, 2026-11-23) costs that file only, and its exit status is recorded.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-phase=${1:?"usage: $0 tests|in-context|transformers"}
+phase=${1:?"usage: $0 tests|in-context|transformers|dispatch"}
 out=${OUT:-benchmarks/results/session-$(date +%F)}
 mkdir -p "$out"
 gpu=$(python3 -c "import torch; print(torch.cuda.get_device_name(0))" 2>/dev/null || echo "no GPU")
@@ -43,8 +44,12 @@ case "$phase" in
       -o search_budget_s=30 >>"$out/transformers.log" 2>&1
     tail -n 30 "$out/transformers.log"
     ;;
+  dispatch)
+    python3 benchmarks/dispatch_overhead.py --out "$out/dispatch_overhead.json"
+    python3 benchmarks/run_winner_host.py --device cuda --out "$out/run_winner_host.json"
+    ;;
   *)
-    echo "unknown phase $phase: tests, in-context or transformers" >&2
+    echo "unknown phase $phase: tests, in-context, transformers or dispatch" >&2
     exit 2
     ;;
 esac
