@@ -325,21 +325,20 @@ class Dispatcher:
         return verdicts
 
     def _confirm_together(self, graph, won: list) -> tuple[bool, str]:
-        """Keep the winners `won` together in `graph`, or not; and what the check found ("": not
-        checked). The verdict is cached; in mode "search" a missing one is measured now; in mode
-        "background" it is queued and the winners stay meanwhile (each won alone: the check can
-        only correct a loss the next compile), as they do in mode "cached" (their own verdicts
-        are all we know)."""
+        """Keep the winners `won` together in `graph`, or not; and what the check found, or why
+        it did not run. The verdict is cached; in mode "search" a missing one is measured now;
+        in mode "background" it is queued and the winners stay meanwhile (each won alone: the
+        check can only correct a loss the next compile), as they do in mode "cached" (their own
+        verdicts are all we know)."""
         from kernel_cache import make_key
         try:
             check = in_context.build_check(graph, [(g, d.winner_key, d.task.program) for g, d in won], rewrite)
+            unchecked = in_context.too_big(check)
         except UnsupportedGroup as e:
-            log.info("cuda_agent: a graph's kernels are not checked in context: %s", e)
-            return True, ""
-        too_big = in_context.too_big(check)
-        if too_big:
-            log.info("cuda_agent: a graph's kernels are not checked in context: %s", too_big)
-            return True, ""
+            unchecked = str(e)
+        if unchecked:
+            log.info("cuda_agent: a graph's kernels are not checked in context: %s", unchecked)
+            return True, f"not checked ({unchecked})"
         device = (check.before.inputs or check.before.outputs)[0].device
         key = make_key(check.hash, check.before.inputs, device, self.precision)
         lookup = self.cache.get(key)

@@ -31,7 +31,7 @@ class Decision:
     speedup: float | None = None
 
 
-Verdict = tuple[bool, str]  # the in-context check's on one winner: keep it?, and what was found ("": unchecked)
+Verdict = tuple[bool, str]  # the in-context check's on one winner: keep it?, and what it found ("": nothing to say)
 
 
 @dataclass

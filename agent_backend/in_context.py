@@ -115,7 +115,7 @@ def _copy(graph: fx.Graph) -> tuple[fx.Graph, dict[fx.Node, fx.Node]]:
 
 def _graph_task(graph: fx.Graph) -> Task:
     placeholders = [n for n in graph.nodes if n.op == "placeholder"]
-    if any(n.op == "get_attr" for n in graph.nodes):
+    if any(n.op == "get_attr" and n.users for n in graph.nodes):
         raise UnsupportedGroup("the graph holds constants of its own")
     for p in placeholders:
         val = p.meta.get("val")

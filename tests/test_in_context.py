@@ -143,6 +143,7 @@ def test_without_a_verdict_mode_cached_keeps_the_winners(cache_dir):
     out, (decision,), keys = _compile(affine_then_more, x, resolve({"mode": "cached"}), {AFFINE_OPS: SLOW_AFFINE})
     torch.testing.assert_close(out, affine_then_more(*x))
     assert decision.winner_key == keys[AFFINE_OPS] and not _context_entries(cache_dir)
+    assert decision.reason == "kernel test"
 
 
 def test_the_check_can_be_turned_off(cache_dir):
@@ -150,6 +151,19 @@ def test_the_check_can_be_turned_off(cache_dir):
     settings = resolve({"mode": "search", "in_context_check": False})
     _, (decision,), keys = _compile(affine_then_more, x, settings, {AFFINE_OPS: SLOW_AFFINE})
     assert decision.winner_key == keys[AFFINE_OPS] and not _context_entries(cache_dir)
+    assert decision.reason == "kernel test"
+
+
+def test_a_graph_that_cannot_be_checked_keeps_its_winners_and_says_why(cache_dir):
+    def own_program(task):
+        return task.program + "\n\nclass ModelNew(Model):\n    pass\n"
+
+    x = torch.randn(64, 32)
+    _, decisions, _ = _compile_with(lambda x: x * torch.tensor([2.0, 3.0] * 16) + 1.0, [x],
+                                    resolve({"mode": "search"}), own_program)
+    assert decisions and all(d.winner_key for d in decisions), [d.reason for d in decisions]
+    assert all(d.reason.endswith("in context: not checked (the graph holds constants of its own)")
+               for d in decisions), [d.reason for d in decisions]
 
 
 def _graph_of(fn, inputs, dynamic=False):
