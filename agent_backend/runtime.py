@@ -193,7 +193,7 @@ def _conform(out: torch.Tensor, spec: TensorSpec) -> torch.Tensor:
 # time per call (benchmarks/run_winner_host.py, on the CPU of a 2-core build machine). Compiled graphs call it after autograd, and
 # verified winners return fresh outputs (the verifier refuses one sharing an input's memory).
 _library = torch.library.Library("cuda_agent", "FRAGMENT")
-_library.define("run_winner(str key, str program, Tensor[] inputs) -> Tensor[]")
+_library.define("run_winner(str key, str program, Tensor[] inputs) -> Tensor[]", tags=launch_op.EXACT_STRIDES)
 
 
 def run_winner(key: str, program: str, inputs: list[torch.Tensor]) -> list[torch.Tensor]:

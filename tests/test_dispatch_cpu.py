@@ -317,3 +317,11 @@ def test_run_winner_never_returns_an_input_even_where_the_subgraphs_program_woul
     x = torch.randn(8)
     (out,) = torch.ops.cuda_agent.run_winner.default("no such winner", program, [x])
     assert torch.equal(out, x.view(2, 4)) and out.untyped_storage().data_ptr() != x.untyped_storage().data_ptr()
+
+
+def test_our_ops_demand_the_exact_strides_they_were_verified_on():
+    """Inductor may otherwise lay an input out anew (torch's default constraint for custom ops
+    has changed between releases): a winner is verified on the graph's layout only."""
+    exact = getattr(torch.Tag, "needs_exact_strides", None)
+    for op in (torch.ops.cuda_agent.launch.default, torch.ops.cuda_agent.run_winner.default):
+        assert exact in op.tags, (op, op.tags)

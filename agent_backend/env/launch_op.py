@@ -35,8 +35,13 @@ CXX_FLAGS = ("-O2",)
 LD_FLAGS = ("-ldl",)  # dlopen lives in libdl before glibc 2.34
 MODULE_PREFIX = "cuda_agent_launch_op"
 
+# Inductor must hand our ops their inputs in exactly the strides the graph's fake tensors had:
+# a winner is verified (and a launch spec checks its inputs) on that layout only. torch's
+# default constraint for custom ops has not always been exact strides, so say it.
+EXACT_STRIDES = (getattr(torch.Tag, "needs_exact_strides", torch.Tag.needs_fixed_stride_order),)
+
 _library = torch.library.Library("cuda_agent", "FRAGMENT")
-_library.define("launch(str key, str program, Tensor[] inputs) -> Tensor[]")
+_library.define("launch(str key, str program, Tensor[] inputs) -> Tensor[]", tags=EXACT_STRIDES)
 
 
 def build_key() -> str:
