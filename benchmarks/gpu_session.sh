@@ -5,7 +5,8 @@
 #   benchmarks/gpu_session.sh tests          # the gpu-marked tests, each file in its own pytest process
 #   benchmarks/gpu_session.sh in-context     # suite problems where a kernel won alone and lost in its graph
 #   benchmarks/gpu_session.sh transformers   # GPT-2 / Llama / BERT, bf16, interleaved against Inductor
-#   benchmarks/gpu_session.sh dispatch       # host cost per call of the launch op and of run_winner
+#   benchmarks/gpu_session.sh dispatch       # host cost per call of the launch op and of run_winner, and
+#                                            # one round of the llm policy's transformers engine (issue 12)
 #
 # Each test file runs in a process of its own, so a crash (the launch op's segfault on the
 # H100 machine, 2026-11-23) costs that file only, and its exit status is recorded.
@@ -47,6 +48,7 @@ case "$phase" in
   dispatch)
     python3 benchmarks/dispatch_overhead.py --out "$out/dispatch_overhead.json"
     python3 benchmarks/run_winner_host.py --device cuda --out "$out/run_winner_host.json"
+    python3 benchmarks/llm_round.py >"$out/llm_round.json"
     ;;
   *)
     echo "unknown phase $phase: tests, in-context, transformers or dispatch" >&2
