@@ -80,7 +80,7 @@ class Dispatcher:
         # could not be asked (not cached: the next compile asks again).
         self._searched: dict[str, Entry] = {}
         self._unanswered: dict[str, str] = {}
-        self._graph_token_live = False  # see leave_to_background
+        self._graph_token_live = False  # see _in_background
 
     @property
     def cache(self):
@@ -104,7 +104,8 @@ class Dispatcher:
 
     def cache_identity(self) -> str | None:
         """Everything but the graph that decides what the pass does to it: the options, the user's
-        precision, this package's code, the policy, the GPUs, and the kernel cache's contents. Part of Inductor's FX graph cache key; None: do not cache the graph."""
+        precision, this package's code, the policy, the GPUs, and the kernel cache's contents.
+        Part of Inductor's FX graph cache key; None: do not cache the graph."""
         token = self.cache.content_token()
         if token is None:
             return None
@@ -192,22 +193,23 @@ class Dispatcher:
                                               entry.provenance.get("policy_revision")) != current
 
     def leave_to_background(self, task: Task, key) -> Decision:
-        """Queue the task's search and leave the task to Inductor for now.
-
-        The graph being compiled then holds Inductor's code for a task whose result is still to
-        come, and Inductor's FX graph cache would store it under a key naming the kernel cache's
-        content token, computed (cache_identity) before our pass ran. Were that token still
-        current later (a search that stores nothing, or a process that exits first), a later
-        compile would replay this graph as if it were final, and never search the task again.
-        So the token is moved on now, once per graph: no later lookup computes that key again.
-        """
-        queue = background.searches(on_stop=close_shared_environments)
-        queue.submit(key.digest, functools.partial(self._search_in_background, task, key, queue.stopped),
-                     functools.partial(self.cache.put, key))
-        self._retire_graph_token()
+        """Queue the task's search and leave the task to Inductor for now."""
+        self._in_background(key, functools.partial(self._search_in_background, task, key))
         return Decision(task, None, _SEARCHING_LATER)
 
-    def _retire_graph_token(self) -> None:
+    def _in_background(self, key, work) -> None:
+        """Queue `work(stopped)` (an entry for `key`, or None to store nothing; `stopped` is set
+        when the queue stops) on the background queue, its entry to be cached under `key`.
+
+        The graph being compiled then holds code that a result still to come may change, and
+        Inductor's FX graph cache would store it under a key naming the kernel cache's content
+        token, computed (cache_identity) before our pass ran. Were that token still current later
+        (work that stores nothing, or a process that exits first), a later compile would replay
+        this graph as if it were final, and never queue the work again. So the token is moved on
+        now, once per graph: no later lookup computes that key again.
+        """
+        queue = background.searches(on_stop=close_shared_environments)
+        queue.submit(key.digest, functools.partial(work, queue.stopped), functools.partial(self.cache.put, key))
         if self._graph_token_live:
             self.cache.retire_content_token()
             self._graph_token_live = False
@@ -300,7 +302,6 @@ class Dispatcher:
         return Decision(task, key, f"kernel {entry.origin}" + (f" ({speedup:.2f}x Inductor)" if speedup else ""),
                         entry.timings.get("gate"), speedup)
 
-
     def confirm_in_context(self, graph, won: list) -> list:
         """The in-context check (in_context.py) of a graph whose subgraphs `won` (group, decision):
         for each, keep its winner or not, and what the check found. The graph is checked with all
@@ -351,10 +352,7 @@ class Dispatcher:
             self.cache.put(key, entry)
             return in_context.verdict(entry)
         if self.settings.mode == "background":
-            queue = background.searches(on_stop=close_shared_environments)
-            queue.submit(key.digest, functools.partial(self._check_in_context, check),
-                         functools.partial(self.cache.put, key))
-            self._retire_graph_token()
+            self._in_background(key, lambda stopped: self._check_in_context(check))
             return True, "being checked in the background; the next compile follows its verdict"
         return True, ""
 

@@ -16,15 +16,18 @@ import hashlib
 import operator
 from dataclasses import dataclass
 
+from typing import TYPE_CHECKING
+
 import torch
 import torch.fx as fx
-
-from kernel_cache import Entry, make_provenance
 
 from .env.results import ContextTiming
 from .partition import Group
 from .specs import Task
 from .task import UnsupportedGroup, task_of_nodes
+
+if TYPE_CHECKING:
+    from kernel_cache import Entry
 
 # Keep the replacements when Inductor's time for the whole graph over ours is at least this:
 # each winner already beat Inductor by min_speedup alone, the graph only has to confirm it.
@@ -149,6 +152,7 @@ def entry_of(check: ContextCheck, timing: ContextTiming) -> Entry:
     """The cache entry holding the verdict (outcome "context"): kept when the graph with our
     kernels is not slower; dropped when it is, or when the check could not run or found the two
     graphs disagreeing (then nothing of ours runs in this graph: never slower, never wrong)."""
+    from kernel_cache import Entry, make_provenance
     return Entry(outcome="context", reason=describe(timing), origin=ORIGIN,
                  timings={"ours_ms": timing.ours_ms, "inductor_ms": timing.inductor_ms, "speedup": timing.speedup,
                           "kept": keeps(timing), "device": timing.device},

@@ -3,8 +3,8 @@
 A winner whose candidate is a launch spec (env/launch_spec.py) is called as
 `torch.ops.cuda_agent.launch(key, program, inputs)`: the C++ op (env/launch_op.py) checks the
 inputs, allocates the outputs and launches, with no Python in the call. Any other winner is
-called as `torch.ops.cuda_agent.run_winner(key, program, inputs)`, a Python custom op that runs
-its ModelNew. Inductor sees an opaque extern kernel whose outputs come from the op's fake (Meta)
+called as `torch.ops.cuda_agent.run_winner(key, program, inputs)`, an op with a Python kernel
+that runs its ModelNew. Inductor sees an opaque extern kernel whose outputs come from the op's fake (Meta)
 implementation, and compiles everything around it. A winner lives in this process's registry,
 loaded only after it passed verification (or came from a trusted cache layer).
 
@@ -26,6 +26,7 @@ from typing import Callable
 import torch
 
 from .env import launch_op  # defines torch.ops.cuda_agent.launch
+from .env.compare import share_memory
 from .env.launch_spec import LaunchSpec
 from .specs import TensorSpec
 from .task import load_program
@@ -190,8 +191,9 @@ def _conform(out: torch.Tensor, spec: TensorSpec) -> torch.Tensor:
 
 # Defined on a torch.library.Library, as the launch op is, rather than with
 # torch.library.custom_op, whose autograd wrapper and aliasing check cost about 8 us of host
-# time per call (benchmarks/run_winner_host.py, on the CPU of a 2-core build machine). Compiled graphs call it after autograd, and
-# verified winners return fresh outputs (the verifier refuses one sharing an input's memory).
+# time per call (benchmarks/run_winner_host.py, on the CPU of a 2-core build machine).
+# Compiled graphs call it after autograd, and verified winners return fresh outputs (the
+# verifier refuses one sharing an input's memory).
 _library = torch.library.Library("cuda_agent", "FRAGMENT")
 _library.define("run_winner(str key, str program, Tensor[] inputs) -> Tensor[]", tags=launch_op.EXACT_STRIDES)
 
@@ -217,8 +219,7 @@ def _as_list(result) -> list[torch.Tensor]:
 
 def _fresh(out: torch.Tensor, inputs: list[torch.Tensor]) -> torch.Tensor:
     """`out`, or a copy where it is (a view of) an input: the op's outputs are new tensors."""
-    storage = out.untyped_storage().data_ptr()
-    return out.clone() if any(storage == t.untyped_storage().data_ptr() for t in inputs) else out
+    return out.clone() if any(share_memory(out, t) for t in inputs) else out
 
 
 @torch.library.register_fake("cuda_agent::run_winner")

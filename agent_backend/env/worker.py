@@ -34,10 +34,10 @@ import torch
 from agent_backend import runtime
 from agent_backend.env import launch_op
 from agent_backend.env.candidate_loader import CandidateError, describe_exception, load_candidate, load_task, unload
+from agent_backend.env.compare import compare_values, layout_problem, tolerance
 from agent_backend.env.floors import gpu_key, load_or_measure, measure_floors
 from agent_backend.env.guards import REAL, GlobalSwitches, PatchFingerprint, StateWatch, precision_context
 from agent_backend.env.profile import INPUT_SETS, CudaTimer, make_timer, profile_candidate, time_contenders
-from agent_backend.env.compare import compare_values, layout_problem, tolerance
 from agent_backend.env.results import Failure, counted_ms
 from agent_backend.env.verify import (CpuRunner, CudaRunner, TorchOpRecorder, Verifier, cuda_usable,
                                       failure_from_exception, new_seed, output_list, sleep_cycles_per_ms)
@@ -157,9 +157,7 @@ class Worker:
                 if state.compiled is None:
                     return {"status": "compile_error", "reason": f"{name}: {state.inductor_error}"}
                 compiled[name] = state.compiled
-            seed = new_seed()
-            input_sets = [random_inputs(before.inputs, seed + k, device=str(self.device))
-                          for k in range(self._input_sets_that_fit(before))]
+            input_sets = self._input_sets(before, new_seed(), self._input_sets_that_fit(before))
             with precision_context(self.switches, precision), torch.no_grad():
                 problem = request.get("compare", True) and _disagreement(
                     compiled["ours"](*input_sets[0]), compiled["inductor"](*input_sets[0]), before, precision)
@@ -182,8 +180,7 @@ class Worker:
         if state.compiled is None:
             return {"status": "runtime_error",
                     "reason": state.inductor_error or "Inductor's reference is not compiled in this worker"}
-        seed = new_seed()
-        input_sets = [random_inputs(task.inputs, seed + k, device=str(self.device)) for k in range(INPUT_SETS)]
+        input_sets = self._input_sets(task, new_seed())
         with precision_context(self.switches, request["precision"]), torch.no_grad():
             timer = make_timer(self.device, self.cycles_per_ms)
             stats, _ = time_contenders({"inductor": state.compiled}, input_sets, timer)
@@ -201,6 +198,10 @@ class Worker:
                 self.device, CudaTimer(self.device, self.cycles_per_ms), lambda p: precision_context(self.switches, p)))
             self.floors = {"floors": floors.to_json(), "floors_key": key}
         return self.floors
+
+    def _input_sets(self, task: Task, seed: int, count: int = INPUT_SETS) -> list[list[torch.Tensor]]:
+        """`count` input sets for timing `task` here, drawn from seed, seed + 1, ..."""
+        return [random_inputs(task.inputs, seed + k, device=str(self.device)) for k in range(count)]
 
     def _input_sets_that_fit(self, task: Task) -> int:
         """INPUT_SETS, or fewer (at least one) where they would take more than half the GPU's
@@ -253,8 +254,7 @@ class Worker:
     def _profile(self, request: dict) -> dict:
         loaded = self.loaded
         task, state, verifier = loaded.task, loaded.state, loaded.verifier
-        seed = verifier.seed + 1000
-        input_sets = [random_inputs(task.inputs, seed + k, device=str(self.device)) for k in range(INPUT_SETS)]
+        input_sets = self._input_sets(task, verifier.seed + 1000)
         ours, dispatch = runtime.as_called_by_a_graph(loaded.model, task.outputs, task.program, self.device)
         contenders = {"ours": ours, "eager": state.model}
         if state.compiled is not None:
