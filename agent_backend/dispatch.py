@@ -18,7 +18,8 @@ import torch
 from . import background, gate, in_context, runtime
 from .env.floors import FILE_NAME as FLOORS_FILE
 from .env.launch_spec import read_from_entry, store_in_entry, strip_from_entry
-from .graph_pass import Decision, rewrite
+from .env.results import needs_context
+from .graph_pass import Decision, rewrite, unchecked
 from .options import Settings
 from .policies import PolicyError, source_revision
 from .progress import SearchProgress
@@ -270,7 +271,7 @@ class Dispatcher:
             return None
         env = shared_environment(self.settings.devices, self.precision, self.settings.min_speedup)
         ev = env.evaluate(task, Candidate(entry.source, entry.origin))
-        if ev.status != "passed" or not ev.profile or not ev.profile["wins"]:
+        if ev.status != "passed" or not ev.profile or not (ev.profile["wins"] or needs_context(ev.profile)):
             log.info("cuda_agent: %s entry %s rejected here: %s", layer, key.digest[:12], ev.reason or "not faster")
             return None
         entry.timings = dict(ev.profile)
@@ -299,6 +300,10 @@ class Dispatcher:
                 log.warning("cuda_agent: cached kernel %s failed to load (%s); using Inductor", key[:12], e)
                 return Decision(task, None, f"cached kernel failed to load: {type(e).__name__}")
         speedup = entry.timings.get("counted_speedup") or entry.timings.get("speedup_vs_inductor")
+        if needs_context(entry.timings):
+            return Decision(task, key, f"kernel {entry.origin} ({entry.timings['speedup_vs_inductor']:.2f}x Inductor "
+                                       f"on the GPU; {speedup:.2f}x counting its launch)",
+                            entry.timings.get("gate"), speedup, needs_context=True)
         return Decision(task, key, f"kernel {entry.origin}" + (f" ({speedup:.2f}x Inductor)" if speedup else ""),
                         entry.timings.get("gate"), speedup)
 
@@ -309,15 +314,16 @@ class Dispatcher:
         alone (from every group it won: a transformer's layers repeat their tasks), and so on,
         until a set of winners holds up or none is left."""
         if not self.settings.in_context_check:
-            return [(True, "")] * len(won)
+            return unchecked(won, "", "in_context_check is off")
         verdicts: list = [None] * len(won)
         # the least faster alone last (an unknown speedup counts as the best)
         remaining = sorted(range(len(won)), key=lambda i: -(won[i][1].speedup or math.inf))
         while remaining:
-            keep, found = self._confirm_together(graph, [won[i] for i in remaining])
+            keep, found, measured = self._confirm_together(graph, [won[i] for i in remaining])
             if keep:
-                for i in remaining:
-                    verdicts[i] = (True, found)
+                kept = [won[i] for i in remaining]
+                for i, verdict in zip(remaining, [(True, found)] * len(kept) if measured else unchecked(kept, found)):
+                    verdicts[i] = verdict
                 break
             dropped = won[remaining[-1]][1].winner_key
             for i in [i for i in remaining if won[i][1].winner_key == dropped]:
@@ -325,36 +331,37 @@ class Dispatcher:
                 remaining.remove(i)
         return verdicts
 
-    def _confirm_together(self, graph, won: list) -> tuple[bool, str]:
-        """Keep the winners `won` together in `graph`, or not; and what the check found, or why
-        it did not run. The verdict is cached; in mode "search" a missing one is measured now;
-        in mode "background" it is queued and the winners stay meanwhile (each won alone: the
-        check can only correct a loss the next compile), as they do in mode "cached" (their own
-        verdicts are all we know)."""
+    def _confirm_together(self, graph, won: list) -> tuple[bool, str, bool]:
+        """Keep the winners `won` together in `graph`, or not; what the check found, or why it
+        did not run; and whether it measured the graph. The verdict is cached; in mode "search" a
+        missing one is measured now; in mode "background" it is queued and the winners stay
+        meanwhile (each won alone: the check can only correct a loss the next compile), as they
+        do in mode "cached" (their own verdicts are all we know); but those that need a measured
+        verdict (graph_pass.unchecked)."""
         from kernel_cache import make_key
         try:
             check = in_context.build_check(graph, [(g, d.winner_key, d.task.program) for g, d in won], rewrite)
-            unchecked = in_context.too_big(check)
+            why_not = in_context.too_big(check)
         except UnsupportedGroup as e:
-            unchecked = str(e)
-        if unchecked:
-            log.info("cuda_agent: a graph's kernels are not checked in context: %s", unchecked)
-            return True, f"not checked ({unchecked})"
+            why_not = str(e)
+        if why_not:
+            log.info("cuda_agent: a graph's kernels are not checked in context: %s", why_not)
+            return True, f"not checked ({why_not})", False
         device = (check.before.inputs or check.before.outputs)[0].device
         key = make_key(check.hash, check.before.inputs, device, self.precision)
         lookup = self.cache.get(key)
         if lookup is not None:
-            return in_context.verdict(lookup.entry)
+            return *in_context.verdict(lookup.entry), True
         if self.settings.mode == "search":
             if self.progress:
                 self.progress.searching(check.before, f"timing the whole graph with and without {len(won)} kernel(s)")
             entry = self._check_in_context(check)
             self.cache.put(key, entry)
-            return in_context.verdict(entry)
+            return *in_context.verdict(entry), True
         if self.settings.mode == "background":
             self._in_background(key, lambda stopped: self._check_in_context(check))
-            return True, "being checked in the background; the next compile follows its verdict"
-        return True, ""
+            return True, "being checked in the background; the next compile follows its verdict", False
+        return True, "", False
 
     def _check_in_context(self, check) -> "Entry":
         env = shared_environment(self.settings.devices, self.precision, self.settings.min_speedup)

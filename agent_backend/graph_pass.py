@@ -22,16 +22,26 @@ log = logging.getLogger("cuda_agent")
 class Decision:
     """What happened to one subgraph: a winner key to dispatch, or why it stays with Inductor;
     `gate`: the gate's numbers where it timed the task (gate.Verdict.to_json); `speedup`: the
-    winner's over Inductor, timed alone."""
+    winner's over Inductor, timed alone; `needs_context`: the winner runs only where the
+    in-context check measured its graph faster with it (env.results.needs_context)."""
 
     task: Task | None
     winner_key: str | None
     reason: str
     gate: dict | None = None
     speedup: float | None = None
+    needs_context: bool = False
 
 
 Verdict = tuple[bool, str]  # the in-context check's on one winner: keep it?, and what it found ("": nothing to say)
+
+
+def unchecked(won: list[tuple[object, Decision]], found: str, why: str = "") -> list[Verdict]:
+    """The verdicts where the in-context check measured nothing (`found`: what to say of it
+    beside a kept winner, "" for nothing; `why`: why nothing, where `found` does not say): each
+    winner stays, but one that needs a measured verdict (Decision.needs_context)."""
+    unmeasured = f"not measured ({why or found or 'no in-context verdict'}), and its launch takes longer than it runs"
+    return [(False, unmeasured) if d.needs_context else (True, found) for _, d in won]
 
 
 @dataclass
@@ -54,7 +64,7 @@ def rewrite(graph: fx.Graph, group: Group, key: str, program: str) -> None:
     inputs, outputs = boundary(group)
     last = group.nodes[-1]
     with graph.inserting_after(last):
-        call = graph.call_function(runtime.op_for(key), (key, program, inputs))
+        call = graph.call_function(runtime.op_for(key), (key, runtime.program_arg(program), inputs))
     call.meta["val"] = [o.meta["val"] for o in outputs]
     anchor = call
     for i, out in enumerate(outputs):
@@ -117,15 +127,14 @@ class SubgraphPass(CustomGraphPass):
         log.info(report.summary())
 
     def _in_context(self, graph: fx.Graph, won: list[tuple[Group, Decision]], index: int) -> list[Verdict]:
-        unchecked = [(True, "")] * len(won)
         if not won or self.confirm is None:
-            return unchecked
+            return unchecked(won, "", "no in-context check")
         try:
             return self.confirm(graph, won)
         except Exception as e:  # each winner was verified and won alone: a failed check keeps them
             log.warning("cuda_agent: the in-context check of graph %d failed (%s: %s); its kernels stay", index,
                         type(e).__name__, e, exc_info=True)
-            return unchecked
+            return unchecked(won, "the check failed")
 
     def _decision(self, group: Group) -> Decision:
         try:

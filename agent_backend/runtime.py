@@ -18,6 +18,7 @@ slower, never wrong.
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import threading
 from dataclasses import dataclass, field
@@ -123,14 +124,23 @@ def _load_from_sources(key: str, device: torch.device) -> Winner | None:
     return None
 
 
+def program_arg(program: str) -> str:
+    """A task's program as our ops take it: on one line (JSON), because Inductor copies the
+    arguments of the nodes a fused kernel reads into comments of the code it generates, where a
+    newline ends the comment and the rest of the program becomes code (a SyntaxError; torch's
+    get_kernel_metadata splits such lines only on ROCm)."""
+    return json.dumps(program)
+
+
 def _reference(key: str, program: str) -> Callable[..., object]:
-    """The task's own program, for a winner that cannot be found (warned once per key)."""
+    """The task's own program (`program`, as program_arg wrote it), for a winner that cannot be
+    found (warned once per key)."""
     with _lock:
         forward = _references.get(key)
         if forward is None:
             log.warning("cuda_agent: kernel %s is not in the kernel cache any more; its subgraph runs as plain "
                         "torch ops. torch._dynamo.reset() and a new compile give Inductor's kernels back.", key[:12])
-            namespace = load_program(program, f"<task of {key[:12]}>")
+            namespace = load_program(json.loads(program), f"<task of {key[:12]}>")
             forward = _references[key] = namespace["Model"](*namespace["get_init_inputs"]()).forward
     return forward
 
@@ -164,7 +174,8 @@ def as_called_by_a_graph(model: torch.nn.Module, outputs: tuple[TensorSpec, ...]
             device = torch.device("cuda", torch.cuda.current_device())
         register(Winner(PROFILED_KEY, "", outputs, "profiled", forwards={device: model.forward}))
         op, key = torch.ops.cuda_agent.run_winner.default, PROFILED_KEY
-    return (lambda *inputs: op(key, program, list(inputs))), str(op.name())
+    arg = program_arg(program)
+    return (lambda *inputs: op(key, arg, list(inputs))), str(op.name())
 
 
 def forget(key: str) -> None:

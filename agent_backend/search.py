@@ -12,7 +12,7 @@ from typing import Callable
 from kernel_cache import Entry, make_provenance
 
 from . import gate
-from .env.results import Evaluation, counted_ms
+from .env.results import Evaluation, counted_ms, needs_context
 from .specs import Candidate, Task
 
 log = logging.getLogger("cuda_agent.search")
@@ -71,6 +71,20 @@ def gate_task(task: Task, env, policy, *, precision: dict, min_speedup: float, s
                  task=task.to_json()), record
 
 
+def outcome_of(profile: dict, origin: str) -> tuple[str, str]:
+    """The cache outcome ("kernel" or "inductor") of the best candidate's profile, and why."""
+    speedup = profile["speedup_vs_inductor"]
+    if profile["wins"]:  # faster than Inductor by more than the environment's min_speedup
+        return "kernel", f"{speedup:.2f}x faster than Inductor ({origin})"
+    if speedup is None:
+        return "inductor", f"not timed against Inductor: {profile.get('note', 'no Inductor time')}"
+    if needs_context(profile):
+        return "kernel", (f"{speedup:.2f}x faster than Inductor on the GPU ({origin}), but its launch "
+                          f"({profile['ours_ms']['host_median'] * 1e3:.1f} us) takes longer than it runs: it runs "
+                          f"only where its graph is faster with it")
+    return "inductor", f"Inductor wins: best candidate {speedup:.2f}x of Inductor's speed"
+
+
 def search_task(task: Task, env, policy, *, budget_s: float, max_candidates: int,
                 record: Callable[[list[Candidate], list[Evaluation]], None] | None = None,
                 progress: Callable[[str, float | None], None] | None = None) -> Entry:
@@ -117,17 +131,7 @@ def search_task(task: Task, env, policy, *, budget_s: float, max_candidates: int
                      provenance=provenance, task=task.to_json())
     cand, ev = best
     timings = dict(ev.profile, search_s=elapsed, evaluated=evaluated, phase_s=_phase_totals(feedback))
-    speedup = ev.profile["speedup_vs_inductor"]
-    if ev.profile["wins"]:  # faster than Inductor by more than the environment's min_speedup
-        outcome, reason = "kernel", f"{speedup:.2f}x faster than Inductor ({cand.origin})"
-    elif speedup is None:
-        outcome, reason = "inductor", f"not timed against Inductor: {ev.profile.get('note', 'no Inductor time')}"
-    elif ev.profile["launch_bound"] and speedup > ev.profile["min_speedup"]:
-        outcome, reason = "inductor", (f"Inductor keeps it: the best candidate is {speedup:.2f}x on the GPU, but its "
-                                       f"launch ({ev.profile['ours_ms']['host_median'] * 1e3:.1f} us) takes longer "
-                                       f"than it runs")
-    else:
-        outcome, reason = "inductor", f"Inductor wins: best candidate {speedup:.2f}x of Inductor's speed"
+    outcome, reason = outcome_of(ev.profile, cand.origin)
     return Entry(outcome=outcome, reason=reason, source=cand.source if outcome == "kernel" else None,
                  origin=cand.origin, binaries={}, launch=dict(cand.params), timings=timings,
                  verification=ev.verification, provenance=provenance, task=task.to_json())

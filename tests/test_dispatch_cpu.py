@@ -64,6 +64,10 @@ def test_generated_code_calls_our_op_and_inductor_kernels(cache_dir):
         out, code = run_and_get_code(torch.compile(model, backend="cuda_agent", options={"mode": "cached"}), x)
     text = "\n".join(code)
     assert "cuda_agent.run_winner" in text
+    # Inductor copies an op's arguments into comments of its code: the program must not break out of them.
+    assert not any(line.lstrip("# ").startswith("class Model(") for line in text.splitlines())
+    program = _swish_task(model, x).program
+    assert "\n" in program and "\n" not in runtime.program_arg(program) and repr(runtime.program_arg(program)) in text
     assert "extern_kernels.addmm" in text, "Inductor should still compile the rest"
     torch.testing.assert_close(out, model(x), atol=1e-5, rtol=1e-5)
 
@@ -175,7 +179,7 @@ def test_a_policy_that_cannot_propose_now_caches_nothing(cache_dir, monkeypatch)
     real_make_key = kernel_cache.make_key
     monkeypatch.setattr(kernel_cache, "make_key", lambda h, inputs, device, precision: real_make_key(
         h, inputs, "cpu", precision))
-    decision = Dispatcher(resolve({})).decide(task)
+    decision = Dispatcher(resolve({"mode": "search"})).decide(task)
     assert decision.winner_key is None and "no answer from the model server" in decision.reason
     with KernelCache.open() as cache:
         assert list(cache.items()) == []
@@ -212,7 +216,7 @@ def test_identical_tasks_of_one_compile_are_searched_once_when_the_cache_cannot_
     from agent_backend.dispatch import Dispatcher
     not_a_directory = tmp_path / "a-file"
     not_a_directory.write_text("")
-    settings = resolve({"cache_dir": str(not_a_directory / "cache")})
+    settings = resolve({"mode": "search", "cache_dir": str(not_a_directory / "cache")})
     task, policy = _swish_task(Net(), torch.randn(4, 16)), CountingPolicy()
     dispatcher = Dispatcher(settings, policy=policy)
     layers = [dispatcher.decide(task) for _ in range(12)]  # a transformer's identical layers
@@ -225,10 +229,10 @@ def test_a_policy_that_cannot_be_asked_is_asked_once_per_compile(cache_dir, sear
     from agent_backend.policies import PolicyError
     task = _swish_task(Net(), torch.randn(4, 16))
     policy = CountingPolicy(PolicyError("cuda_agent: no answer from the model server"))
-    dispatcher = Dispatcher(resolve({}), policy=policy)
+    dispatcher = Dispatcher(resolve({"mode": "search"}), policy=policy)
     assert [dispatcher.decide(task).reason for _ in range(3)] == ["cuda_agent: no answer from the model server"] * 3
     assert policy.proposals == 1
-    Dispatcher(resolve({}), policy=policy).decide(task)
+    Dispatcher(resolve({"mode": "search"}), policy=policy).decide(task)
     assert policy.proposals == 2, "the next compile asks again"
 
 
@@ -245,12 +249,12 @@ def test_a_task_the_gate_skipped_is_searched_again_once_the_gate_or_its_bar_woul
                          provenance=provenance)
 
     cache_the_gates_verdict()
-    decision = Dispatcher(resolve({}), policy=policy).decide(task)
+    decision = Dispatcher(resolve({"mode": "search"}), policy=policy).decide(task)
     assert decision.reason.startswith("cached: Inductor at floor: Inductor 0.0528 ms, floor 0.0480 ms (memory)")
     assert decision.gate == verdict.to_json() and policy.proposals == 0
     for options in ({"gate": False}, {"min_speedup": 1.01}, {"gate_slack": 0.0}):
         cache_the_gates_verdict()
-        Dispatcher(resolve(options), policy=policy).decide(task)
+        Dispatcher(resolve({"mode": "search", **options}), policy=policy).decide(task)
     assert policy.proposals == 3
 
 
@@ -315,7 +319,7 @@ def test_run_winner_never_returns_an_input_even_where_the_subgraphs_program_woul
                "    def forward(self, in0):\n        return torch.ops.aten.view.default(in0, [2, 4])\n\n\n"
                "def get_init_inputs():\n    return []\n")
     x = torch.randn(8)
-    (out,) = torch.ops.cuda_agent.run_winner.default("no such winner", program, [x])
+    (out,) = torch.ops.cuda_agent.run_winner.default("no such winner", runtime.program_arg(program), [x])
     assert torch.equal(out, x.view(2, 4)) and out.untyped_storage().data_ptr() != x.untyped_storage().data_ptr()
 
 

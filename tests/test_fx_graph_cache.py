@@ -101,7 +101,7 @@ def test_a_winner_gone_from_the_cache_runs_its_subgraph_program(caplog, monkeypa
     monkeypatch.setitem(runtime._winner_sources, "a cache without it", lambda key: asked.append(key))
     with caplog.at_level(logging.WARNING, logger="cuda_agent"):
         for _ in range(3):
-            (out,) = torch.ops.cuda_agent.run_winner("no-such-kernel", task.program, [x, y])
+            (out,) = torch.ops.cuda_agent.run_winner("no-such-kernel", runtime.program_arg(task.program), [x, y])
             assert torch.equal(out, Gate()(x, y))
     assert runtime.registered("no-such-kernel") is None
     assert asked == ["no-such-kernel"], "the caches are asked once, not on every call"

@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch._inductor.compile_fx import compile_fx
 
-from agent_backend import runtime
+from agent_backend import background, runtime
 from agent_backend.dispatch import Dispatcher, close_shared_environments
 from agent_backend.graph_pass import Decision, SubgraphPass, rewrite
 from agent_backend.in_context import build_check
@@ -67,8 +67,10 @@ def _compile(fn, inputs, settings, sources: dict[tuple[str, ...], str], speedups
     return _compile_with(fn, inputs, settings, lambda task: sources.get(task.ops), speedups)
 
 
-def _compile_with(fn, inputs, settings, source_for, speedups: dict[tuple[str, ...], float] = {}):
-    """As _compile, with `source_for(task)` giving a group's winner (None: no winner)."""
+def _compile_with(fn, inputs, settings, source_for, speedups: dict[tuple[str, ...], float] = {},
+                  needs_context: bool = False):
+    """As _compile, with `source_for(task)` giving a group's winner (None: no winner), each one
+    launch-bound (Decision.needs_context) where `needs_context`."""
     dispatcher = Dispatcher(settings)
     keys = {}
 
@@ -79,7 +81,7 @@ def _compile_with(fn, inputs, settings, source_for, speedups: dict[tuple[str, ..
         key = "test-" + hashlib.sha256((task.hash + source).encode()).hexdigest()[:20]
         runtime.load_winner(runtime.Winner(key, source, task.outputs, "test"), inputs[0].device)
         keys[task.ops] = key
-        return Decision(task, key, "kernel test", speedup=speedups.get(task.ops))
+        return Decision(task, key, "kernel test", speedup=speedups.get(task.ops), needs_context=needs_context)
 
     reports = []
 
@@ -99,6 +101,7 @@ def _context_entries(cache_dir):
 
 AFFINE_OPS = ("aten.mul.Tensor", "aten.add.Tensor")
 GEMM_SUM_OPS = ("aten.mm.default", "aten.sum.dim_IntList")
+GEMV_FOR = {GEMM_SUM_OPS: GEMV}
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -163,6 +166,48 @@ def test_a_graph_that_cannot_be_checked_keeps_its_winners_and_says_why(cache_dir
                                     resolve({"mode": "search"}), own_program)
     assert decisions and all(d.winner_key for d in decisions), [d.reason for d in decisions]
     assert all(d.reason.endswith("in context: not checked (the graph holds constants of its own)")
+               for d in decisions), [d.reason for d in decisions]
+
+
+@pytest.mark.parametrize("options, why", [({"mode": "cached"}, "no in-context verdict"),
+                                          ({"mode": "search", "in_context_check": False}, "in_context_check is off"),
+                                          ({"mode": "background"}, "being checked in the background")])
+def test_a_launch_bound_winner_runs_only_with_a_measured_verdict(cache_dir, options, why):
+    """A kernel faster on the GPU whose launch outlasts it stays with Inductor until its graph
+    is measured faster with it; background mode queues that measurement."""
+    x, w = torch.randn(256, 1024), torch.randn(1024, 1024)
+    out, (decision,), keys = _compile_with(gemm_then_sum, [x, w], resolve(options), lambda t: GEMV_FOR.get(t.ops),
+                                           needs_context=True)
+    torch.testing.assert_close(out, gemm_then_sum(x, w), rtol=1e-4, atol=1e-2)
+    assert decision.winner_key is None, decision.reason
+    assert decision.reason.startswith(f"lost in context: not measured ({why}") and \
+        "its launch takes longer than it runs" in decision.reason, decision.reason
+    assert runtime.registered(keys[GEMM_SUM_OPS]).calls == 0
+    if options["mode"] == "background":
+        assert background.refresh(wait=True, timeout_s=300) == 0
+        (entry,) = _context_entries(cache_dir)
+        assert entry.timings["kept"] is True, "the queued check measured the graph with the kernel"
+        _, (later,), _ = _compile_with(gemm_then_sum, [x, w], resolve(options), lambda t: GEMV_FOR.get(t.ops),
+                                       needs_context=True)
+        assert later.winner_key and "in context: the whole graph ran" in later.reason, later.reason
+
+
+def test_a_launch_bound_winner_measured_faster_in_its_graph_runs(cache_dir):
+    x, w = torch.randn(256, 1024), torch.randn(1024, 1024)
+    out, (decision,), keys = _compile_with(gemm_then_sum, [x, w], resolve({"mode": "search"}),
+                                           lambda t: GEMV_FOR.get(t.ops), needs_context=True)
+    assert decision.winner_key == keys[GEMM_SUM_OPS] and "in context: the whole graph ran" in decision.reason
+    assert runtime.registered(keys[GEMM_SUM_OPS]).calls >= 1
+
+
+def test_a_launch_bound_winner_in_a_graph_that_cannot_be_checked_stays_with_inductor(cache_dir):
+    def own_program(task):
+        return task.program + "\n\nclass ModelNew(Model):\n    pass\n"
+
+    _, decisions, _ = _compile_with(lambda x: x * torch.tensor([2.0, 3.0] * 16) + 1.0, [torch.randn(64, 32)],
+                                    resolve({"mode": "search"}), own_program, needs_context=True)
+    assert decisions and not any(d.winner_key for d in decisions), [d.reason for d in decisions]
+    assert all(d.reason.startswith("lost in context: not measured (not checked (the graph holds constants")
                for d in decisions), [d.reason for d in decisions]
 
 
@@ -265,3 +310,25 @@ def test_a_graph_whose_inputs_take_a_large_share_of_the_gpus_free_memory_is_not_
     assert too_big(check) is None  # 64 MiB of 1 GiB free
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda *device: (200 << 20, 1 << 31))
     assert "take more than 25% of the GPU's free memory" in too_big(check)
+
+
+def test_graphs_that_differ_beyond_tolerance_are_judged_against_float64():
+    """Two roundings of a deep bf16 graph drift apart beyond any fixed tolerance: the graph with
+    our kernels then agrees where it is no less accurate than Inductor's against float64."""
+    from agent_backend.env.worker import _disagreement
+    from agent_backend.specs import Task, TensorSpec
+
+    torch.manual_seed(0)
+    exact = torch.randn(4096, dtype=torch.float64)
+    close = exact.to(torch.bfloat16)  # one rounding of the exact values
+    far = (exact * (1 + 0.05 * torch.randn(4096, dtype=torch.float64))).to(torch.bfloat16)  # 5% off
+    spec = TensorSpec((4096,), (1,), "bfloat16", "cpu")
+    task = Task("h", "", (spec,), (spec,), ("aten.mul.Tensor",), "graph")
+    assert _disagreement([close], [far], task, {}, lambda: [exact]) is None, "ours is the closer one"
+    problem = _disagreement([far], [close], task, {}, lambda: [exact])
+    assert problem.startswith("output 0:") and "less accurate than the reference" in problem, problem
+    assert _disagreement([close], [close], task, {}, lambda: 1 / 0) is None, "no float64 run where they agree"
+
+    def no_float64():
+        raise RuntimeError("no float64 kernel")
+    assert "no float64 evaluation to judge by" in _disagreement([close], [far], task, {}, no_float64)

@@ -44,6 +44,14 @@ def test_a_launch_bound_candidate_is_told_why_it_does_not_count():
     assert "Launching it takes longer on the host (0.0167 ms) than it runs, which counts as 0.90x" in told
 
 
+def test_a_launch_bound_candidate_faster_on_the_gpu_is_told_where_it_is_used():
+    profile = dict(PROFILE, wins=False, gpu_wins=True, launch_bound=True, counted_speedup=0.9,
+                   ours_ms={"median": 0.0123, "host_median": 0.0167})
+    told = prompts.reply(Evaluation("passed", profile=profile, verification=VERIFIED))
+    assert "it beats Inductor on the GPU, but launching it takes longer on the host (0.0167 ms) than it runs, " \
+           "so it is used only where its whole graph runs faster with it" in told
+
+
 def test_repeats_and_answers_without_code():
     assert prompts.repeated(Evaluation("incorrect", "output 0: 3 of 8 elements differ\nmore")).startswith(
         "That code is the same as an earlier answer, which was judged: incorrect: output 0: 3 of 8 elements differ.")

@@ -66,3 +66,26 @@ def test_progress_hears_of_each_round_and_the_best_speedup(env):
     assert [stage for stage, _ in heard] == ["evaluating 1 candidate(s), 0 of at most 8 done",
                                              "evaluating 1 candidate(s), 1 of at most 8 done"]
     assert heard[0][1] is None and heard[1][1] > 0, "the second round knows the first one's speedup"
+
+
+def _profile(gpu_speedup, host_us, wins, gpu_wins=None):
+    ours_ms = {"median": 0.040, "host_median": host_us / 1e3}
+    return {"speedup_vs_inductor": gpu_speedup, "ours_ms": ours_ms, "min_speedup": 1.05, "wins": wins,
+            "launch_bound": ours_ms["host_median"] > ours_ms["median"],
+            "gpu_wins": gpu_speedup > 1.05 if gpu_wins is None else gpu_wins}
+
+
+def test_the_outcome_of_a_search_follows_its_best_profile():
+    from agent_backend.search import outcome_of
+    assert outcome_of(_profile(1.4, 10.0, wins=True), "x") == ("kernel", "1.40x faster than Inductor (x)")
+    outcome, reason = outcome_of(_profile(1.41, 103.7, wins=False), "x")
+    assert outcome == "kernel" and reason == ("1.41x faster than Inductor on the GPU (x), but its launch (103.7 us) "
+                                              "takes longer than it runs: it runs only where its graph is faster "
+                                              "with it")
+    assert outcome_of(_profile(1.02, 103.7, wins=False), "x") == ("inductor",
+                                                                   "Inductor wins: best candidate 1.02x of "
+                                                                   "Inductor's speed")
+    # a timer that may not declare wins (host times on the CPU) never makes one of either kind
+    assert outcome_of(_profile(1.5, 103.7, wins=False, gpu_wins=False), "x")[0] == "inductor"
+    assert outcome_of(dict(_profile(1.0, 1.0, wins=False), speedup_vs_inductor=None, note="n"), "x") == \
+        ("inductor", "not timed against Inductor: n")

@@ -199,6 +199,7 @@ def profile_candidate(verifier: Verifier, contenders: dict[str, Callable[..., An
         "counted_speedup": counted,
         "min_speedup": min_speedup,
         "wins": timer.wins_allowed and counted is not None and counted > min_speedup,
+        "gpu_wins": timer.wins_allowed and speedup_vs_inductor is not None and speedup_vs_inductor > min_speedup,
         "timer": timer.description,
         "input_sets": len(input_sets),
     }

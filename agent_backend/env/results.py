@@ -110,6 +110,14 @@ def counted_ms(stats: dict) -> float:
     return max(stats["median"], stats["host_median"])
 
 
+def needs_context(profile: dict) -> bool:
+    """A candidate faster than Inductor on the GPU whose launch takes longer than it runs: alone
+    it keeps the GPU waiting, but in a graph whose GPU work outlasts the host's launches its host
+    time is hidden. Only its whole graph, timed with and without it (the in-context check),
+    can say which; it runs nowhere without that verdict."""
+    return bool(profile.get("gpu_wins") and profile.get("launch_bound") and not profile.get("wins"))
+
+
 # The user's numerics: what the reference, Inductor and the candidate all run under. The
 # default is strict fp32: no TF32 in cuBLAS or cuDNN, matmul precision "highest", and no
 # reduced-precision reductions inside fp16/bf16 GEMMs.

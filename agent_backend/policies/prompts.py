@@ -8,6 +8,8 @@ import functools
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from ..env.results import needs_context
+
 if TYPE_CHECKING:
     from ..env.results import Evaluation
     from ..specs import Task
@@ -77,6 +79,10 @@ def _speed(profile: dict) -> str:
     text = f"That is {speedup:.2f}x Inductor's speed: "
     if profile.get("wins"):
         return text + f"it beats Inductor by more than the {bar:.2f}x required."
+    if needs_context(profile):
+        return text + (f"it beats Inductor on the GPU, but launching it takes longer on the host "
+                       f"({_ms(profile['ours_ms']['host_median'])} ms) than it runs, so it is used only where its "
+                       f"whole graph runs faster with it: use fewer kernels and less Python per call.")
     if counted is not None and counted > bar:  # a timer that may not declare wins (host times on the CPU)
         return text + f"but timings taken here ({profile.get('timer', '')}) never count as a win."
     text += f"to be used it must be more than {bar:.2f}x."
