@@ -172,3 +172,22 @@ def test_dry_run_through_the_backend_writes_json_and_markdown(tmp_path, capsys):
     assert "| problem | dtype | mode | ours ms | Inductor ms | eager ms | vs Inductor |" in markdown
     assert all(f"| {name} | fp32 |" in markdown for name in rows)
     assert "[L1 softmax fp32] ours" in capsys.readouterr().out
+
+
+@pytest.mark.slow
+def test_settle_compiles_ours_again_in_background_mode_and_records_every_compile(tmp_path):
+    """--settle: after the first compile, the runner waits for background work, compiles ours
+    again (once here: on the CPU nothing is searched, so nothing stays pending) and Inductor
+    again, and times what the last compile runs."""
+    out = tmp_path / "results"
+    rc = cli.main(["--dry-run", "--only", "softmax", "--dtype", "fp32", "--out", str(out), "--settle", "5",
+                   "-o", "mode=background", "-o", f"cache_dir={json.dumps(str(tmp_path / 'cache'))}"])
+    assert rc == 0
+    (json_path,) = out.glob("suite-cpu-dry-run-torch*.json")
+    (row,) = json.loads(json_path.read_text())["results"]
+    assert row["status"] == "ok", row.get("traceback")
+    seconds = row["compile_s"]
+    assert len(seconds["ours_later"]) == 1 and seconds["ours_later"][0] > 0 and seconds["inductor_again"] > 0
+    assert seconds["pending_at_timing"] == 0 and row["correct"]["ours"]["verdict"] == "ok"
+    assert f"; then {seconds['ours_later'][0]:.1f} / {seconds['inductor_again']:.1f} |" in \
+        json_path.with_suffix(".md").read_text()

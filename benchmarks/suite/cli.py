@@ -49,6 +49,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("-o", "--option", action="append", default=[], metavar="NAME=VALUE",
                         help="a cuda_agent backend option, VALUE as JSON where it parses (e.g. -o search_budget_s=60)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--settle", type=float, default=0.0, metavar="SECONDS",
+                        help="with -o mode=background: after the first compile, wait up to SECONDS for the "
+                             "background work and compile again (up to 3 times, while work remains), then time "
+                             "what the last compile runs; every compile's time is recorded")
     parser.add_argument("--list", action="store_true", help="list the selected problems and exit")
     parser.add_argument("-v", "--verbose", action="store_true", help="log the backend's decisions and searches")
     return parser
@@ -100,7 +104,7 @@ def run_suite(problems, args, command: list[str], options: dict) -> report.Repor
     writer = report.ReportWriter(run, json_path, md_path)
     compile_dir = tempfile.mkdtemp(prefix="cuda_agent_suite_compile_")
     cfg = RunConfig(device=device, small=args.dry_run, rounds=args.rounds, calls=args.calls, options=options,
-                    copy_bytes_per_s=copy_rate, compile_dir=compile_dir, seed=args.seed)
+                    copy_bytes_per_s=copy_rate, compile_dir=compile_dir, seed=args.seed, settle_s=args.settle)
     print(f"{run['gpu']} | torch {run['torch']} | {len(problems)} problems | kernel cache {options['cache_dir']} | "
           f"writing {json_path}", flush=True)
     # Inductor's caches of compiled graphs off: every compile runs our pass (and reports which

@@ -23,26 +23,27 @@ def family(origin: str) -> str:
 
 def kernels_run(before: dict[str, int], after: dict[str, int], decisions: list[Decision]) -> list[dict]:
     """Our kernels called between two snapshots, with the subgraph each replaced (from `decisions`)."""
-    tasks = {d.winner_key: d.task for d in decisions if d.winner_key}
+    won = {d.winner_key: d for d in decisions if d.winner_key}
     ran = []
     for key, calls in after.items():
         if calls <= before.get(key, 0):
             continue
-        winner, task = runtime.registered(key), tasks.get(key)
+        winner, decision = runtime.registered(key), won.get(key)
+        task = decision.task if decision else None
         ran.append({"key": key[:12], "origin": winner.origin, "family": family(winner.origin),
                     "calls": calls - before.get(key, 0), "kind": task.kind if task else None,
-                    "ops": len(task.ops) if task else None})
+                    "ops": len(task.ops) if task else None, "reason": decision.reason if decision else None})
     return ran
 
 
 def subgraph_summary(decisions: list[Decision]) -> dict:
-    """How many subgraphs the backend made tasks of, how many it gave our kernels, and the
-    commonest reasons the rest stayed with Inductor."""
+    """How many subgraphs the backend made tasks of, how many it gave our kernels, and why the
+    rest stayed with Inductor, commonest reason first."""
     tasks = [d for d in decisions if d.task is not None]
     reasons: dict[str, int] = {}
     for d in tasks:
         if not d.winner_key:
             reasons[d.reason] = reasons.get(d.reason, 0) + 1
-    top = sorted(reasons.items(), key=lambda kv: -kv[1])[:3]
+    ordered = sorted(reasons.items(), key=lambda kv: -kv[1])
     return {"tasks": len(tasks), "ours": sum(1 for d in tasks if d.winner_key),
-            "left_to_inductor": [{"reason": r, "count": n} for r, n in top]}
+            "left_to_inductor": [{"reason": r, "count": n} for r, n in ordered]}
