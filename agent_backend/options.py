@@ -122,11 +122,11 @@ class Option:
 
 
 OPTIONS: tuple[Option, ...] = (
-    Option("mode", "search", _choice(MODES),
-           "search: look subgraphs up in the cache and search kernels for misses on a GPU, before the compile "
-           "returns; background: the compile returns at once with Inductor's code for misses and searches them "
-           "in a background thread (winners run after agent_backend.refresh(), the next compile or the next "
-           "process); cached: use cached winners only, never search; off: plain Inductor"),
+    Option("mode", "background", _choice(MODES),
+           "background: the compile returns at once with Inductor's code for subgraphs the cache does not know "
+           "and searches them in a background thread (winners run after agent_backend.refresh(), the next "
+           "compile or the next process); search: search them on a GPU before the compile returns (benchmarks, "
+           "`cuda-agent warm`); cached: use cached winners only, never search; off: plain Inductor"),
     Option("policy", "builtin", _choice(POLICIES),
            "who writes candidates: builtin = the template library in skills/ (needs no model); "
            "llm = a chat model (see llm_engine and llm_model)"),
@@ -175,7 +175,8 @@ OPTIONS: tuple[Option, ...] = (
     Option("in_context_check", True, _bool,
            "after a graph's subgraphs are decided, time the whole graph with and without our kernels (both "
            "compiled by Inductor, in a worker) and keep the kernels only where the graph is not slower; the "
-           "verdict is cached per graph and winners (graphs with integer inputs or random ops are not checked)"),
+           "verdict is cached per graph and winners. Off, or for a graph it cannot check (symbolic sizes, "
+           "constants of its own), winners stay, but a kernel whose launch outlasts it runs only with a verdict"),
     Option("min_ops", 2, _positive(int),
            "smallest subgraph (in ops) worth a search; single pointwise ops are already optimal in Inductor"),
 )
