@@ -1,6 +1,8 @@
 """The `cuda_agent` torch.compile backend: Inductor, with our post-grad pass in front of it."""
 from __future__ import annotations
 
+import logging
+
 import torch
 from torch._inductor.compile_fx import compile_fx
 
@@ -9,6 +11,7 @@ from .graph_pass import GraphReport, SubgraphPass
 from .options import resolve
 from .progress import SearchProgress
 
+log = logging.getLogger("cuda_agent")
 # Reports of every graph compiled in this process, for `cuda-agent explain` and tests.
 reports: list[GraphReport] = []
 
@@ -26,4 +29,19 @@ def cuda_agent_backend(gm: torch.fx.GraphModule, example_inputs, options: dict |
         config_patches["post_grad_custom_pre_pass"] = SubgraphPass(dispatcher.decide, settings.min_ops, reports,
                                                                     dispatcher.cache_identity, progress,
                                                                     confirm=dispatcher.confirm_in_context)
-    return compile_fx(gm, example_inputs, config_patches=config_patches)
+    seen = len(reports)
+    try:
+        return compile_fx(gm, example_inputs, config_patches=config_patches)
+    except Exception as e:
+        ours = [d for r in reports[seen:] for d in r.decisions if d.winner_key]
+        if not ours:
+            raise
+        # Inductor failed on a graph holding our kernels (on the H100 a program argument once
+        # broke its generated code): the user's compile must not fail for our sake.
+        log.warning("cuda_agent: Inductor failed on a graph holding %d kernel(s) of ours (%s: %s); compiling it "
+                    "without them", len(ours), type(e).__name__, e, exc_info=True)
+        for d in ours:
+            d.reason = f"Inductor failed with our kernels in the graph ({type(e).__name__}); not used: {d.reason}"
+            d.winner_key = None
+        config_patches.pop("post_grad_custom_pre_pass")
+        return compile_fx(gm, example_inputs, config_patches=config_patches)

@@ -1,5 +1,7 @@
 """A winner supplied through the cache (a hand-written candidate) replaces its subgraph with one
 call of our custom op; Inductor compiles the rest; results match eager, forward and backward."""
+import logging
+
 import pytest
 import torch
 import torch.nn as nn
@@ -70,6 +72,26 @@ def test_generated_code_calls_our_op_and_inductor_kernels(cache_dir):
     assert "\n" in program and "\n" not in runtime.program_arg(program) and repr(runtime.program_arg(program)) in text
     assert "extern_kernels.addmm" in text, "Inductor should still compile the rest"
     torch.testing.assert_close(out, model(x), atol=1e-5, rtol=1e-5)
+
+
+def test_a_graph_inductor_cannot_compile_with_our_kernels_is_compiled_without_them(cache_dir, caplog, monkeypatch):
+    """Our rewrite once gave Inductor code it could not import (a GPU-only codegen path, not
+    reproducible on a CPU): the fault is injected here as an op argument of the wrong type, and
+    the user's compile must still succeed, as Inductor alone."""
+    torch.manual_seed(0)
+    model, x = Net(), torch.randn(4, 16)
+    key = put_cached_entry(_swish_task(model, x), source=SWISH_BIAS)
+    monkeypatch.setattr(runtime, "program_arg", lambda program: 7)  # the op's schema wants a str
+    torch._dynamo.reset()
+    seen = len(backend.reports)
+    calls_before = runtime.registered(key).calls if runtime.registered(key) else 0
+    with torch.no_grad(), caplog.at_level(logging.WARNING, logger="cuda_agent"):
+        out = torch.compile(model, backend="cuda_agent", options={"mode": "cached"})(x)
+    torch.testing.assert_close(out, model(x), atol=1e-5, rtol=1e-5)
+    assert any("Inductor failed on a graph holding 1 kernel(s) of ours" in r.message for r in caplog.records)
+    (decision,) = [d for r in backend.reports[seen:] for d in r.decisions if d.task and "not used" in d.reason]
+    assert decision.winner_key is None and decision.reason.startswith("Inductor failed with our kernels")
+    assert runtime.registered(key).calls == calls_before, "a winner left out of the graph ran"
 
 
 def test_no_winner_means_inductor_with_reason(cache_dir, caplog):
