@@ -169,7 +169,7 @@ def test_a_graph_that_cannot_be_checked_keeps_its_winners_and_says_why(cache_dir
                for d in decisions), [d.reason for d in decisions]
 
 
-@pytest.mark.parametrize("options, why", [({"mode": "cached"}, "no in-context verdict"),
+@pytest.mark.parametrize("options, why", [({"mode": "cached"}, "none yet"),
                                           ({"mode": "search", "in_context_check": False}, "in_context_check is off"),
                                           ({"mode": "background"}, "being checked in the background")])
 def test_a_launch_bound_winner_runs_only_with_a_measured_verdict(cache_dir, options, why):
@@ -180,7 +180,7 @@ def test_a_launch_bound_winner_runs_only_with_a_measured_verdict(cache_dir, opti
                                            needs_context=True)
     torch.testing.assert_close(out, gemm_then_sum(x, w), rtol=1e-4, atol=1e-2)
     assert decision.winner_key is None, decision.reason
-    assert decision.reason.startswith(f"lost in context: not measured ({why}") and \
+    assert decision.reason.startswith(f"no in-context verdict ({why}") and \
         "its launch takes longer than it runs" in decision.reason, decision.reason
     assert runtime.registered(keys[GEMM_SUM_OPS]).calls == 0
     if options["mode"] == "background":
@@ -207,7 +207,7 @@ def test_a_launch_bound_winner_in_a_graph_that_cannot_be_checked_stays_with_indu
     _, decisions, _ = _compile_with(lambda x: x * torch.tensor([2.0, 3.0] * 16) + 1.0, [torch.randn(64, 32)],
                                     resolve({"mode": "search"}), own_program, needs_context=True)
     assert decisions and not any(d.winner_key for d in decisions), [d.reason for d in decisions]
-    assert all(d.reason.startswith("lost in context: not measured (not checked (the graph holds constants")
+    assert all(d.reason.startswith("no in-context verdict (not checked (the graph holds constants")
                for d in decisions), [d.reason for d in decisions]
 
 
