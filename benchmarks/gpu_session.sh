@@ -10,6 +10,8 @@
 #                                            # problems), bf16, as a user of mode=background meets them: the
 #                                            # first compile, the later ones (--settle), then timed
 #                                            # interleaved against Inductor
+#   benchmarks/gpu_session.sh gate [NAME..]  # pointwise-heavy problems with the gate and with gate=false,
+#                                            # then the two side by side (benchmarks/suite/gate_compare.py)
 #   benchmarks/gpu_session.sh dispatch       # host cost per call of the launch op and of run_winner, and
 #                                            # one round of the llm policy's transformers engine (issue 12)
 #
@@ -17,7 +19,7 @@
 # H100 machine, 2026-11-23) costs that file only, and its exit status is recorded.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-phase=${1:?"usage: $0 tests|in-context|transformers|dispatch"}
+phase=${1:?"usage: $0 tests|in-context|transformers|gate|dispatch"}
 out=${OUT:-benchmarks/results/session-$(date +%F)}
 mkdir -p "$out"
 gpu=$(python3 -c "import torch; print(torch.cuda.get_device_name(0))" 2>/dev/null || echo "no GPU")
@@ -54,13 +56,26 @@ case "$phase" in
       --settle 150 -o mode=background -o background_share=1.0 -o search_budget_s=20 >>"$out/transformers.log" 2>&1
     tail -n 30 "$out/transformers.log"
     ;;
+  gate)
+    shift
+    names=${*:-gelu bias_gelu_mul scale_shift_tanh scalar_chain swiglu residual_layernorm layernorm_gelu \
+      linear_bias_gelu transpose_copy mse_loss}
+    header "gate side by side" >"$out/gate.log"
+    for gate in true false; do
+      mkdir -p "$out/gate-$gate"
+      python3 -m benchmarks.suite --only $names --dtype bf16 --rounds 5 --calls 3 --out "$out/gate-$gate" \
+        -o mode=search -o gate=$gate -o search_budget_s=30 >>"$out/gate.log" 2>&1
+    done
+    python3 -m benchmarks.suite.gate_compare "$out"/gate-true/suite-*.json "$out"/gate-false/suite-*.json \
+      --out "$out/gate_side_by_side.md"
+    ;;
   dispatch)
     python3 benchmarks/dispatch_overhead.py --out "$out/dispatch_overhead.json"
     python3 benchmarks/run_winner_host.py --device cuda --out "$out/run_winner_host.json"
     python3 benchmarks/llm_round.py >"$out/llm_round.json"
     ;;
   *)
-    echo "unknown phase $phase: tests, in-context, transformers or dispatch" >&2
+    echo "unknown phase $phase: tests, in-context, transformers, gate or dispatch" >&2
     exit 2
     ;;
 esac

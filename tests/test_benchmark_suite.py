@@ -164,6 +164,8 @@ def test_dry_run_through_the_backend_writes_json_and_markdown(tmp_path, capsys):
         assert row["compile_s"]["ours"] > 0 and row["compile_s"]["inductor"] > 0
         assert row["kernels"] == [] and row["subgraphs"]["ours"] == 0 and row["subgraphs"]["tasks"] >= 1
         assert "CUDA only" in row["subgraphs"]["left_to_inductor"][0]["reason"]
+        each = row["subgraphs"]["each"]
+        assert len(each) == row["subgraphs"]["tasks"] and not any(t["ours"] or t["gated"] for t in each)
     assert rows["mlp_train"]["mode"] == "train" and rows["mlp_train"]["floor"] is None
     assert rows["softmax"]["floor"]["bytes"] == 2 * 4 * 64 * 4  # a 4x64 fp32 input read, its softmax written
     assert {s["scope"] for s in data["summary"]} >= {"level 1", "level 2", "level 3", "group rewrites", "all"}
@@ -191,3 +193,28 @@ def test_settle_compiles_ours_again_in_background_mode_and_records_every_compile
     assert seconds["pending_at_timing"] == 0 and row["correct"]["ours"]["verdict"] == "ok"
     assert f"; then {seconds['ours_later'][0]:.1f} / {seconds['inductor_again']:.1f} |" in \
         json_path.with_suffix(".md").read_text()
+
+
+def _suite_json(path, tasks_by_problem):
+    rows = [{"problem": name, "dtype": "bf16", "status": "ok",
+             "subgraphs": {"each": [{"hash": h, "kind": kind, "ours": ours, "gated": gated}
+                                    for h, kind, ours, gated in tasks]}}
+            for name, tasks in tasks_by_problem.items()]
+    path.write_text(json.dumps({"results": rows}))
+    return path
+
+
+def test_gate_compare_counts_skipped_pointwise_tasks_and_the_wins_a_full_search_found(tmp_path, capsys):
+    from benchmarks.suite import gate_compare
+    gated = _suite_json(tmp_path / "gated.json", {
+        "gelu": [("a", "pointwise", False, True), ("b", "pointwise", False, True)],
+        "softmax": [("c", "reduction", True, False), ("d", "pointwise", False, False)]})
+    full = _suite_json(tmp_path / "full.json", {
+        "gelu": [("a", "pointwise", False, False), ("b", "pointwise", True, False)],
+        "softmax": [("c", "reduction", True, False), ("d", "pointwise", False, False)]})
+    assert gate_compare.main([str(gated), str(full), "--out", str(tmp_path / "side.md")]) == 0
+    text = capsys.readouterr().out
+    assert "The gate skipped 2 of 3 pointwise tasks (67%); wins it lost: 1 (gelu bf16 b)." in text
+    assert "| gelu | bf16 | 2 | 2 | 1 | 0 / 1 |" in text and "| softmax | bf16 | 1 | 0 | 0 | 1 / 1 |" in text
+    assert (tmp_path / "side.md").read_text() == text
+    assert gate_compare.main([str(gated), str(tmp_path / "missing.json")]) == 2

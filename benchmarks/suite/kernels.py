@@ -37,8 +37,9 @@ def kernels_run(before: dict[str, int], after: dict[str, int], decisions: list[D
 
 
 def subgraph_summary(decisions: list[Decision]) -> dict:
-    """How many subgraphs the backend made tasks of, how many it gave our kernels, and why the
-    rest stayed with Inductor, commonest reason first."""
+    """How many subgraphs the backend made tasks of, how many it gave our kernels, why the rest
+    stayed with Inductor (commonest reason first), and for each task whether our kernel runs it
+    and whether the gate skipped its search (for gate_compare)."""
     tasks = [d for d in decisions if d.task is not None]
     reasons: dict[str, int] = {}
     for d in tasks:
@@ -46,4 +47,6 @@ def subgraph_summary(decisions: list[Decision]) -> dict:
             reasons[d.reason] = reasons.get(d.reason, 0) + 1
     ordered = sorted(reasons.items(), key=lambda kv: -kv[1])
     return {"tasks": len(tasks), "ours": sum(1 for d in tasks if d.winner_key),
-            "left_to_inductor": [{"reason": r, "count": n} for r, n in ordered]}
+            "left_to_inductor": [{"reason": r, "count": n} for r, n in ordered],
+            "each": [{"hash": d.task.hash[:16], "kind": d.task.kind, "ours": bool(d.winner_key),
+                      "gated": bool(d.gate and d.gate.get("skipped"))} for d in tasks]}
