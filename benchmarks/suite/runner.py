@@ -83,6 +83,13 @@ def _first_call(call: Callable[[], list[torch.Tensor]], device: str, compile_dir
     return result, time.perf_counter() - start
 
 
+def _compile_ours(calls: dict, cfg: RunConfig) -> tuple[list[torch.Tensor], float, list]:
+    """Our first call (the compile, `_first_call`), and the decisions of the graphs it compiled."""
+    seen = len(backend.reports)
+    result, seconds = _first_call(calls["ours"], cfg.device, cfg.compile_dir)
+    return result, seconds, [d for report in backend.reports[seen:] for d in report.decisions]
+
+
 def _correctness(ours: list, theirs: list, expected: list, dtype: str, tolerance: float) -> dict:
     ours_check = correctness.compare(ours, expected, dtype, tolerance)
     inductor_check = correctness.compare(theirs, expected, dtype, tolerance)
@@ -109,9 +116,7 @@ def _measure(problem: Problem, dtype: str, cfg: RunConfig) -> dict:
     calls = {name: make_call(models[name], fns[name], inputs, problem.train) for name in models}
     expected = calls["eager"]()
 
-    seen = len(backend.reports)
-    ours, ours_compile_s = _first_call(calls["ours"], cfg.device, cfg.compile_dir)
-    decisions = [d for report in backend.reports[seen:] for d in report.decisions]
+    ours, ours_compile_s, decisions = _compile_ours(calls, cfg)
     theirs, inductor_compile_s = _first_call(calls["inductor"], cfg.device, cfg.compile_dir)
     compile_s = {"ours": ours_compile_s, "inductor": inductor_compile_s}
     if cfg.settle_s:
@@ -141,10 +146,8 @@ def _settle(calls: dict, cfg: RunConfig) -> tuple[list, list, list, dict]:
     ours_s = []
     for _ in range(3):
         background.refresh(wait=True, timeout_s=cfg.settle_s)
-        seen = len(backend.reports)
-        ours, seconds = _first_call(calls["ours"], cfg.device, cfg.compile_dir)
+        ours, seconds, decisions = _compile_ours(calls, cfg)
         ours_s.append(seconds)
-        decisions = [d for report in backend.reports[seen:] for d in report.decisions]
         if not background.pending():
             break
     theirs, inductor_s = _first_call(calls["inductor"], cfg.device, cfg.compile_dir)
