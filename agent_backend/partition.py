@@ -27,6 +27,7 @@ CONV_OPS = {aten.convolution.default}
 REDUCTION_OPS = {
     aten.sum.dim_IntList, aten.sum.default, aten.mean.dim, aten.mean.default, aten.amax.default,
     aten.amin.default, aten.var_mean.correction, aten.var.correction, aten.prod.dim_int,
+    aten.any.dim,  # torch's safe softmax (sdpa's math path) asks whether a row holds any score
 }
 SOFTMAX_OPS = {aten._softmax.default, aten._log_softmax.default}
 NORM_OPS = {aten.native_layer_norm.default, aten.native_group_norm.default}
@@ -81,8 +82,10 @@ def classify(node: fx.Node) -> Claim:
     tags = set(target.tags)
     if torch.Tag.nondeterministic_seeded in tags:
         return Claim(None, f"{name} is random")
-    if target is aten.full.default and list(node.args[0]) == [] and _is_float_or_bool(node.meta.get("val")):
-        # A scalar constant (masked_fill's -inf, say): written into the task, never a random input.
+    if target is aten.full.default and _is_float_or_bool(node.meta.get("val")) and all(
+            isinstance(s, int) for s in node.args[0]):
+        # A constant (masked_fill's -inf, the zeros of a safe softmax's masked rows): written into
+        # the task, never a random input (a task's input of zeros could be any values).
         return Claim("constant")
     if any(isinstance(a, torch.device) for a in list(node.args) + list(node.kwargs.values())):
         return Claim(None, f"{name} takes a device argument")
@@ -268,7 +271,8 @@ class _Partitioner:
         members = region | {second}
         if not self.g.is_convex(members):
             return
-        self.grow(members, lambda n: self.kind(n) == "view")
+        # and the views and casts after it: the rewrite computes in the precision the result is cast to
+        self.grow(members, lambda n: self.kind(n) == "view" or n.target is torch.ops.prims.convert_element_type.default)
         self.add_group("attention", members)
 
     def matmul_reduction(self, mm: fx.Node) -> None:

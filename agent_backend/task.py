@@ -86,7 +86,7 @@ def _op_path(target) -> str:
 
 
 def is_constant(node: fx.Node) -> bool:
-    """A scalar constant (partition's "constant" kind): written into every task that uses it."""
+    """A constant (partition's "constant" kind, a full()): written into every task that uses it."""
     return classify(node).kind == "constant"
 
 

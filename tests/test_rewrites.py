@@ -140,6 +140,68 @@ def test_attention_becomes_one_fused_call(fn, extra):
     assert_same_function(task, candidate)
 
 
+class MathPathAttention(torch.nn.Module):
+    """scaled_dot_product_attention with a padding mask, as a compiled graph holds it where no
+    fused kernel was chosen at trace time (BERT's on the GPU): torch's math path."""
+
+    def forward(self, q, k, v, keep):
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=keep)
+
+
+def _math_path_task(dtype):
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    q, k, v = (torch.randn(s, dtype=dtype) for s in QKV)
+    with torch.no_grad(), sdpa_kernel([SDPBackend.MATH]):
+        (task,) = explain.tasks_of(explain.trace_tasks(MathPathAttention(), [q, k, v, torch.ones(2, 1, 16, 1) > 0],
+                                                       backward=False))
+    return task
+
+
+def _padding_inputs(task, dead_rows: int):
+    """The task's inputs with the boolean mask keeping every key for all but `dead_rows` query rows."""
+    def make():
+        inputs = load_program(task.program)["get_inputs"]()
+        keep = next(i for i in inputs if i.dtype == torch.bool)
+        keep.fill_(True)
+        keep[0, 0, :dead_rows] = False
+        return inputs
+    return make
+
+
+def test_torchs_math_path_of_attention_becomes_one_fused_call_in_half_precision():
+    """bf16: q and k each scaled by sqrt(scale), everything cast up to float32 and the result
+    back down, a safe softmax: one call in bf16 with the scale folded, rows with no key zero."""
+    task = _math_path_task(torch.bfloat16)
+    assert task.kind == "attention" and "aten.any.dim" in task.ops and why_not(task, "attention") is None
+    assert "aten.full.default([2, 4, 16, 16], 0" in task.program  # the safe softmax's zeros: no input
+    (candidate,) = rewrites.propose(task)
+    body = candidate.source.split("def forward")[1]
+    assert "scaled_dot_product_attention" in body and "bmm" not in body and "float32" not in body
+    assert "scale=0.35355339059327" in body and "masked_fill" in body
+    assert_same_function(task, candidate, tol=2e-2, make_inputs=_padding_inputs(task, dead_rows=5))
+    namespace: dict = {}
+    exec(candidate.source, namespace)
+    out = namespace["ModelNew"]()(*_padding_inputs(task, dead_rows=5)())
+    assert out.dtype == torch.bfloat16 and bool((out[0, :, :5] == 0).all()) and bool(out[0, :, 5:].abs().sum() > 0)
+
+
+def test_torchs_math_path_of_attention_in_float32_is_rewritten_as_it_is():
+    task = _math_path_task(torch.float32)
+    (candidate,) = rewrites.propose(task)
+    assert "scaled_dot_product_attention" in candidate.source and "bmm" not in candidate.source
+    assert_same_function(task, candidate, make_inputs=_padding_inputs(task, dead_rows=3))
+
+
+def test_attention_that_stays_in_float32_is_not_cast_down():
+    """Inputs cast up from bf16 but a float32 result: the rule calls the fused kernel in float32."""
+    def upcast(q, k, v):
+        return torch.softmax(q.float() @ k.float().transpose(-2, -1) / 8.0, dim=-1) @ v.float()
+    task = only_task(upcast, *[torch.randn(s, dtype=torch.bfloat16) for s in QKV])
+    (candidate,) = rewrites.propose(task)
+    assert "scaled_dot_product_attention" in candidate.source and "torch.float32" in candidate.source
+    assert_same_function(task, candidate)
+
+
 def test_attention_with_a_mask_not_filled_with_minus_inf_is_left_alone():
     def zero_fill(q, k, v, bias):
         att = (q @ k.transpose(-2, -1)).masked_fill(bias == 0, 0.0)
