@@ -10,7 +10,7 @@ from typing import Callable
 import torch.fx as fx
 from torch._inductor.custom_graph_pass import CustomGraphPass
 
-from . import runtime
+from . import inline, runtime
 from .partition import Group, partition
 from .specs import Task
 from .task import UnsupportedGroup, boundary, extract_task
@@ -23,7 +23,8 @@ class Decision:
     """What happened to one subgraph: a winner key to dispatch, or why it stays with Inductor;
     `gate`: the gate's numbers where it timed the task (gate.Verdict.to_json); `speedup`: the
     winner's over Inductor, timed alone; `needs_context`: the winner runs only where the
-    in-context check measured its graph faster with it (env.results.needs_context)."""
+    in-context check measured its graph faster with it (env.results.needs_context); `inlined`:
+    the winner went into the graph as its ATen ops (inline.py), so it is never called."""
 
     task: Task | None
     winner_key: str | None
@@ -31,6 +32,7 @@ class Decision:
     gate: dict | None = None
     speedup: float | None = None
     needs_context: bool = False
+    inlined: bool = False
 
 
 Verdict = tuple[bool, str]  # the in-context check's on one winner: keep it?, and what it found ("": nothing to say)
@@ -61,9 +63,13 @@ class GraphReport:
                 f"kernels, {len(self.decisions) - won} left to Inductor" + (f" ({left})" if left else ""))
 
 
-def rewrite(graph: fx.Graph, group: Group, key: str, program: str) -> None:
-    """Replace the group's nodes with one call of the winner's op (runtime.op_for) and getitems
-    for its outputs."""
+def rewrite(graph: fx.Graph, group: Group, key: str, program: str) -> bool:
+    """Replace the group's nodes with the winner: a rewrite as its ATen ops (inline.py; True),
+    anything else as one call of the winner's op (runtime.op_for) and getitems for its outputs."""
+    sub = inline.aten_graph(key, group)
+    if sub is not None:
+        inline.splice(graph, group, sub)
+        return True
     members = set(group.nodes)
     inputs, outputs = boundary(group)
     last = group.nodes[-1]
@@ -79,6 +85,7 @@ def rewrite(graph: fx.Graph, group: Group, key: str, program: str) -> None:
         anchor = item
     for n in reversed(group.nodes):
         graph.erase_node(n)
+    return False
 
 
 class SubgraphPass(CustomGraphPass):
@@ -127,7 +134,9 @@ class SubgraphPass(CustomGraphPass):
                 continue
             if found:
                 decision.reason += f"; in context: {found}"
-            rewrite(graph, group, decision.winner_key, decision.task.program)
+            decision.inlined = rewrite(graph, group, decision.winner_key, decision.task.program)
+            if decision.inlined:
+                decision.reason += "; inlined as ATen ops"
         graph.lint()
         log.info(report.summary())
 

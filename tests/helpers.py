@@ -47,7 +47,7 @@ def collect_tasks(model, inputs, backward: bool = True, min_ops: int = 1):
 
 def put_cached_entry(task, outcome: str = "kernel", source: str | None = None, *, device: str = "cpu",
                      cache_dir=None, trust_key=None, reason: str = "supplied by a test", provenance=None,
-                     timings=None, launch_spec=None) -> str:
+                     timings=None, launch_spec=None, origin: str = "test") -> str:
     """Store an entry for `task` under the key the backend looks up with default options; its
     digest. `launch_spec`: a LaunchSpec stored with it, as the search stores a winner's."""
     from agent_backend.dispatch import user_precision
@@ -55,7 +55,8 @@ def put_cached_entry(task, outcome: str = "kernel", source: str | None = None, *
     from agent_backend.options import resolve
     from kernel_cache import Entry, KernelCache, make_key
     key = make_key(task.hash, task.inputs, device, user_precision(resolve({})))
-    entry = Entry(outcome=outcome, reason=reason, source=source, origin="test", provenance=provenance or {"policy": "test"},
+    entry = Entry(outcome=outcome, reason=reason, source=source, origin=origin,
+                  provenance=provenance or {"policy": "test"},
                   timings=timings or {}, task=task.to_json(), key=key.to_json(), last_used=time.time(),
                   created=time.time())
     if launch_spec is not None:

@@ -1,7 +1,9 @@
 """Which of our kernels a compiled model ran, and what the backend decided for its subgraphs.
 
 Winners live in agent_backend.runtime's registry, each counting its calls; the difference of two
-snapshots taken around the timed calls says which ran there. A winner's origin names who wrote
+snapshots taken around the timed calls says which ran there. A rewrite inlined into the compiled
+graph as ATen ops (agent_backend/inline.py) is never called: it runs wherever the graph its
+decision belongs to runs ("calls": "inlined"). A winner's origin names who wrote
 it: "builtin:<family>:<detail>" for the built-in library (rewrite, pointwise, ...), else the
 policy's name (e.g. "llm").
 """
@@ -24,16 +26,16 @@ def family(origin: str) -> str:
 def kernels_run(before: dict[str, int], after: dict[str, int], decisions: list[Decision]) -> list[dict]:
     """Our kernels called between two snapshots, with the subgraph each replaced (from `decisions`)."""
     won = {d.winner_key: d for d in decisions if d.winner_key}
-    ran = []
-    for key, calls in after.items():
-        if calls <= before.get(key, 0):
-            continue
-        winner, decision = runtime.registered(key), won.get(key)
-        task = decision.task if decision else None
-        ran.append({"key": key[:12], "origin": winner.origin, "family": family(winner.origin),
-                    "calls": calls - before.get(key, 0), "kind": task.kind if task else None,
-                    "ops": len(task.ops) if task else None, "reason": decision.reason if decision else None})
-    return ran
+    ran = [(key, calls - before.get(key, 0)) for key, calls in after.items() if calls > before.get(key, 0)]
+    ran += [(key, "inlined") for key, d in won.items() if d.inlined]
+    return [_kernel(key, calls, won.get(key)) for key, calls in ran]
+
+
+def _kernel(key: str, calls, decision: Decision | None) -> dict:
+    winner, task = runtime.registered(key), decision.task if decision else None
+    return {"key": key[:12], "origin": winner.origin, "family": family(winner.origin), "calls": calls,
+            "kind": task.kind if task else None, "ops": len(task.ops) if task else None,
+            "reason": decision.reason if decision else None}
 
 
 def subgraph_summary(decisions: list[Decision]) -> dict:
