@@ -4,8 +4,9 @@ from __future__ import annotations
 import logging
 
 import torch
-from torch._inductor.compile_fx import compile_fx
+from torch._inductor.compile_fx import compile_fx, compile_fx_inner
 
+from . import background
 from .dispatch import Dispatcher
 from .graph_pass import GraphReport, SubgraphPass
 from .options import resolve
@@ -31,7 +32,7 @@ def cuda_agent_backend(gm: torch.fx.GraphModule, example_inputs, options: dict |
                                                                     confirm=dispatcher.confirm_in_context)
     seen = len(reports)
     try:
-        return compile_fx(gm, example_inputs, config_patches=config_patches)
+        return compile_fx(gm, example_inputs, inner_compile=_held_inner_compile, config_patches=config_patches)
     except Exception as e:
         ours = [d for r in reports[seen:] for d in r.decisions if d.winner_key]
         if not ours:
@@ -44,4 +45,11 @@ def cuda_agent_backend(gm: torch.fx.GraphModule, example_inputs, options: dict |
             d.reason = f"Inductor failed with our kernels in the graph ({type(e).__name__}); not used: {d.reason}"
             d.winner_key = None
         config_patches.pop("post_grad_custom_pre_pass")
-        return compile_fx(gm, example_inputs, config_patches=config_patches)
+        return compile_fx(gm, example_inputs, inner_compile=_held_inner_compile, config_patches=config_patches)
+
+
+def _held_inner_compile(*args, **kwargs):
+    """Inductor's compile of one graph (the forward, or the backward compiled on its first
+    call), with background searches held back meanwhile (background.compiling)."""
+    with background.compiling():
+        return compile_fx_inner(*args, **kwargs)

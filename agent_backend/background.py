@@ -6,6 +6,11 @@ a blocking search uses, resting between worker requests so that the workers are 
 `background_share` of the time. A result reaches the kernel cache whole (one transaction) or not
 at all. The next compile, `refresh()`, or the next process picks the winners up.
 
+While the process compiles a graph (backend.py holds `compiling()` around each of Inductor's
+compiles, forward and backward), no search starts and a running one makes no new worker request:
+the queue's thread shares the interpreter with the compile, and its Python work would lengthen
+the compile the user waits for.
+
 At exit the queue stops: queued searches are dropped and the running one is abandoned (its
 workers are killed and a result it still returns is not written), so a process never waits
 for a search and never caches a verdict reached by killing its workers. A dropped search runs
@@ -15,6 +20,7 @@ Inductor's graph cache as final (Dispatcher.leave_to_background says why).
 from __future__ import annotations
 
 import atexit
+import contextlib
 import logging
 import os
 import threading
@@ -29,6 +35,31 @@ class _Job(NamedTuple):
     name: str
     search: Callable[[], object]  # returns the result to store, or None for nothing
     store: Callable[[object], object]
+
+
+_compiles = 0  # compiles running in this process (compiling())
+_compiles_cond = threading.Condition()
+
+
+@contextlib.contextmanager
+def compiling():
+    """Hold background searches back while the body (one of Inductor's compiles) runs."""
+    global _compiles
+    with _compiles_cond:
+        _compiles += 1
+    try:
+        yield
+    finally:
+        with _compiles_cond:
+            _compiles -= 1
+            _compiles_cond.notify_all()
+
+
+def after_compiles(stopped: threading.Event, poll_s: float = 0.5) -> None:
+    """Return once no compile runs (at once if none does), or the queue has stopped."""
+    with _compiles_cond:
+        while _compiles and not stopped.is_set():
+            _compiles_cond.wait(poll_s)
 
 
 class SearchQueue:
@@ -89,6 +120,7 @@ class SearchQueue:
                     return
                 job = self._jobs.popleft()
             try:
+                after_compiles(self.stopped)
                 result = job.search()
             except Exception as exc:  # a stop kills the workers under a search: that is no result
                 result = None
@@ -106,14 +138,15 @@ class SearchQueue:
 
 class PacedEnvironment:
     """An Environment as a background search uses it: one candidate at a time, on this thread
-    (no pool of threads that interpreter shutdown would wait for), and after each request a rest
-    as long as the request took times (1 / share - 1), so the workers are busy at most `share`
-    of the wall time; a stop cuts the rest short."""
+    (no pool of threads that interpreter shutdown would wait for), none while the process
+    compiles, and after each request a rest as long as the request took times (1 / share - 1),
+    so the workers are busy at most `share` of the wall time; a stop cuts the rest short."""
 
     def __init__(self, env, share: float, stopped: threading.Event):
         self.env, self.share, self.stopped = env, share, stopped
 
     def _paced(self, request: Callable[[], object]):
+        after_compiles(self.stopped)
         start = time.monotonic()
         try:
             return request()

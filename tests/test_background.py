@@ -108,6 +108,50 @@ def test_pacing_rests_for_the_share_of_time_not_used_and_a_stop_cuts_it_short():
     assert time.monotonic() - start < 0.5
 
 
+def test_no_search_starts_and_no_worker_request_is_made_while_the_process_compiles():
+    queue, rec = SearchQueue(), Recorder()
+    with background.compiling():
+        assert queue.submit("a", rec.search("a", 1), rec.store)
+        time.sleep(0.3)
+        assert rec.ran == [], "a search started during a compile"
+    assert queue.wait(timeout_s=10) and rec.ran == ["a"] and rec.stored == [1]
+
+    class Environment:
+        def evaluate(self, task, candidate, profile=True):
+            return time.monotonic()
+
+    paced = PacedEnvironment(Environment(), share=1.0, stopped=threading.Event())
+    with background.compiling():
+        released = time.monotonic() + 0.3
+        done = []
+        worker = threading.Thread(target=lambda: done.extend(paced.evaluate_many(None, ["x"])))
+        worker.start()
+        time.sleep(0.3)
+    worker.join(10)
+    assert done and done[0] >= released, "the request ran during the compile"
+
+
+def test_a_stop_ends_the_wait_for_a_compile():
+    stopped = threading.Event()
+    threading.Timer(0.2, stopped.set).start()
+    start = time.monotonic()
+    with background.compiling():
+        background.after_compiles(stopped, poll_s=0.05)
+    assert time.monotonic() - start < 2.0
+
+
+def test_the_backend_holds_searches_back_while_inductor_compiles(monkeypatch):
+    seen = []
+    real = backend.compile_fx_inner
+    monkeypatch.setattr(backend, "compile_fx_inner", lambda *a, **k: (seen.append(background._compiles),
+                                                                     real(*a, **k))[1])
+    torch._dynamo.reset()
+    x = torch.randn(8, 8, requires_grad=True)
+    torch.compile(lambda t: (t.sin() * 2).sum(), backend="cuda_agent", options={"mode": "cached"})(x).backward()
+    assert seen == [1, 1], "the forward and the lazily compiled backward each run held"
+    assert background._compiles == 0
+
+
 # -- the dispatcher and the backend, with real workers on the CPU ---------------------------------
 
 class ListPolicy:
