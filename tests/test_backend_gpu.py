@@ -92,7 +92,7 @@ def test_search_end_to_end(cache_dir):
     with torch.no_grad():
         expected = model(x, y)
         torch._dynamo.reset()
-        got = torch.compile(model, backend="cuda_agent", options={"search_budget_s": 300})(x, y)
+        got = torch.compile(model, backend="cuda_agent", options={"mode": "search", "search_budget_s": 300})(x, y)
     assert_close_lists(list(got), list(expected), 1e-4, 1e-4, "output")
     decisions = [d for d in backend.reports[-1].decisions if d.task is not None]
     assert decisions, "no subgraph reached the dispatcher"
@@ -127,7 +127,7 @@ def test_loser_from_an_older_policy_is_searched_again(cache_dir):
                                 provenance={"policy": "builtin", "policy_revision": "older"}) for t in tasks]
     torch._dynamo.reset()
     with torch.no_grad():
-        got = torch.compile(model, backend="cuda_agent", options={"search_budget_s": 300})(x, y)
+        got = torch.compile(model, backend="cuda_agent", options={"mode": "search", "search_budget_s": 300})(x, y)
         expected = model(x, y)
     assert_close_lists(list(got), list(expected), 1e-4, 1e-4, "output")
     reasons = [d.reason for d in backend.reports[-1].decisions if d.task is not None and d.task.kind == "pointwise"]

@@ -35,7 +35,9 @@ def _compile_and_run(options: dict):
     torch._dynamo.reset()
     seen = len(backend.reports)
     with torch.no_grad():
-        out = torch.compile(lambda a, b: torch.relu(a + b) * 2, backend="cuda_agent", options=options)(x, y)
+        compiled = torch.compile(lambda a, b: torch.relu(a + b) * 2, backend="cuda_agent",
+                                 options={"mode": "search", **options})
+        out = compiled(x, y)
     torch.testing.assert_close(out, torch.relu(x + y) * 2)
     return _decisions(seen)
 
