@@ -66,10 +66,14 @@ class GraphReport:
 def rewrite(graph: fx.Graph, group: Group, key: str, program: str) -> bool:
     """Replace the group's nodes with the winner: a rewrite as its ATen ops (inline.py; True),
     anything else as one call of the winner's op (runtime.op_for) and getitems for its outputs."""
-    sub = inline.aten_graph(key, group)
-    if sub is not None:
-        inline.splice(graph, group, sub)
-        return True
+    try:
+        sub = inline.aten_graph(key, group)
+        if sub is not None:
+            inline.splice(graph, group, sub)  # traces first: a failure leaves the graph as it was
+            return True
+    except Exception as e:  # the op call below runs the same verified winner
+        log.warning("cuda_agent: could not inline kernel %s (%s: %s); it runs through its op", key[:12],
+                    type(e).__name__, e, exc_info=True)
     members = set(group.nodes)
     inputs, outputs = boundary(group)
     last = group.nodes[-1]

@@ -24,10 +24,10 @@ from torch.fx.experimental.proxy_tensor import make_fx
 from skills import rewrites
 
 from . import runtime
-
-ALL_ATTENTION = [backend for name, backend in SDPBackend.__members__.items() if name != "ERROR"]
 from .partition import Group
 from .task import boundary, extract_task
+
+ALL_ATTENTION = [backend for name, backend in SDPBackend.__members__.items() if name != "ERROR"]
 
 
 def aten_graph(key: str, group: Group) -> fx.Graph | None:

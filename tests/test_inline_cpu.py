@@ -88,3 +88,19 @@ def test_only_rewrites_are_inlined(origin):
     group = next(g for g in partition(gm.graph) if g.kind == "matmul")
     runtime.register(runtime.Winner("k-" + origin, "anything", (), origin))
     assert inline.aten_graph("k-" + origin, group) is None
+
+
+def test_a_rewrite_that_cannot_be_inlined_runs_through_its_op(cache_dir, monkeypatch, caplog):
+    from agent_backend import inline
+
+    def fail(sub, values):
+        raise RuntimeError("no decomposition for this op")
+    monkeypatch.setattr(inline, "_post_grad", fail)
+    torch.manual_seed(0)
+    model, inputs = GemmSum(), [torch.randn(64, 24), torch.randn(24, 40)]
+    key, _ = _cached_rewrite(model, inputs, "matmul")
+    with caplog.at_level("WARNING", logger="cuda_agent"):
+        out, code, (decision,) = _compile(model, inputs)
+    torch.testing.assert_close(out, model(*inputs), atol=1e-4, rtol=1e-4)
+    assert not decision.inlined and "cuda_agent.run_winner" in code and runtime.registered(key).calls >= 1
+    assert any("could not inline kernel" in r.message for r in caplog.records)
