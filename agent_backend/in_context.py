@@ -48,7 +48,7 @@ class ContextCheck:
     @property
     def hash(self) -> str:
         """Names the graph and where which winners stand in it (the body of `after` holds their
-        keys at their places): part of the decision's cache key."""
+        keys at their places, or an inlined rewrite's own ops): part of the decision's cache key."""
         text = "\n".join(("cuda_agent.context.v2", self.before.hash, self.after.hash))
         return hashlib.sha256(text.encode()).hexdigest()[:32]
 
