@@ -271,26 +271,30 @@ extern "C" __global__ void __launch_bounds__({self.launch.block}) {name}({", ".j
             lines += [f"#pragma unroll", f"for (int m = {lanes // 2}; m > 0; m >>= 1) {{"]
             lines += [f"  {p.acc} = {COMBINE[p.combine].format(a=p.acc, b=f'__shfl_xor_sync(0xffffffffu, {p.acc}, m)')};"
                       for p in partials] + ["}"]
-        if self.T > WARP:
+        if self.T > WARP:  # then the warps of a row, through shared memory
             warps = self.T // WARP
-            for p in partials:
-                i = self.partial_index[p.acc]
-                lines.append(f"__shared__ {ACCUMULATOR[p.combine]} red{i}[{self.R}][{warps}];")
-                lines.append(f"if (t % {WARP} == 0) red{i}[slot][t / {WARP}] = {p.acc};")
-            lines.append("__syncthreads();")
-            for p in partials:
-                i = self.partial_index[p.acc]
-                lines += _fold(p, f"red{i}[slot][0]", "w", warps, f"red{i}[slot][w]")
-        if self.C > 1:
-            for p in partials:
-                i = self.partial_index[p.acc]
-                lines.append(f"__shared__ {ACCUMULATOR[p.combine]} cred{i};")
-                lines.append(f"if (t == 0) cred{i} = {p.acc};")
-            lines.append("cluster.sync();")
-            for p in partials:
-                i = self.partial_index[p.acc]
-                lines += _fold(p, f"*cluster.map_shared_rank(&cred{i}, 0)", "c", self.C,
-                               f"*cluster.map_shared_rank(&cred{i}, c)")
+            lines += self._through_shared(partials, lambda i: f"red{i}[{self.R}][{warps}]",
+                                          lambda i: f"red{i}[slot][t / {WARP}]", f"t % {WARP} == 0",
+                                          "__syncthreads();", lambda i, at: f"red{i}[slot][{at}]", "w", warps)
+        if self.C > 1:  # then the blocks of a cluster, through distributed shared memory
+            lines += self._through_shared(partials, lambda i: f"cred{i}", lambda i: f"cred{i}", "t == 0",
+                                          "cluster.sync();", lambda i, at: f"*cluster.map_shared_rank(&cred{i}, {at})",
+                                          "c", self.C)
+        return lines
+
+    def _through_shared(self, partials, declared, stored, writer: str, sync: str, slot, index: str,
+                        count: int) -> list[str]:
+        """Each partial written by the threads where `writer` holds to `stored(i)` (partial i's
+        shared variable, `declared(i)`), then `sync`, then folded over the `count` slots
+        `slot(i, index)` into `slot(i, 0)`."""
+        lines = []
+        for p in partials:
+            i = self.partial_index[p.acc]
+            lines += [f"__shared__ {ACCUMULATOR[p.combine]} {declared(i)};", f"if ({writer}) {stored(i)} = {p.acc};"]
+        lines.append(sync)
+        for p in partials:
+            i = self.partial_index[p.acc]
+            lines += _fold(p, slot(i, 0), index, count, slot(i, index))
         return lines
 
     def _combine_across_rows(self, work: Pass) -> list[str]:
