@@ -10,6 +10,9 @@
 #                                            # problems), bf16, as a user of mode=background meets them: the
 #                                            # first compile, the later ones (--settle), then timed
 #                                            # interleaved against Inductor
+#   benchmarks/gpu_session.sh models [NAME..]  # GPT-2 / Llama / BERT (default: the inference problems), bf16,
+#                                            # searched first (mode=search), then timed 10 x 5 calls
+#                                            # interleaved: whether our kernels win the whole model
 #   benchmarks/gpu_session.sh gate [NAME..]  # pointwise-heavy problems with the gate and with gate=false,
 #                                            # then the two side by side (benchmarks/suite/gate_compare.py)
 #   benchmarks/gpu_session.sh dispatch       # host cost per call of the launch op and of run_winner, and
@@ -19,7 +22,7 @@
 # H100 machine, 2026-11-23) costs that file only, and its exit status is recorded.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-phase=${1:?"usage: $0 tests|in-context|transformers|gate|dispatch"}
+phase=${1:?"usage: $0 tests|in-context|transformers|models|gate|dispatch"}
 out=${OUT:-benchmarks/results/session-$(date +%F)}
 mkdir -p "$out"
 gpu=$(python3 -c "import torch; print(torch.cuda.get_device_name(0))" 2>/dev/null || echo "no GPU")
@@ -56,6 +59,13 @@ case "$phase" in
       --settle 150 -o mode=background -o background_share=1.0 -o search_budget_s=20 >>"$out/transformers.log" 2>&1
     tail -n 30 "$out/transformers.log"
     ;;
+  models)
+    header "models" >"$out/models.log"
+    shift
+    python3 -m benchmarks.suite --only ${*:-gpt2 llama bert} --dtype bf16 --rounds 10 --calls 5 --out "$out" \
+      -o mode=search -o search_budget_s=20 >>"$out/models.log" 2>&1
+    tail -n 30 "$out/models.log"
+    ;;
   gate)
     shift
     names=${*:-gelu bias_gelu_mul scale_shift_tanh scalar_chain swiglu residual_layernorm layernorm_gelu \
@@ -76,7 +86,7 @@ case "$phase" in
     python3 benchmarks/llm_round.py >"$out/llm_round.json"
     ;;
   *)
-    echo "unknown phase $phase: tests, in-context, transformers, gate or dispatch" >&2
+    echo "unknown phase $phase: tests, in-context, transformers, models, gate or dispatch" >&2
     exit 2
     ;;
 esac
