@@ -181,3 +181,23 @@ def test_backend_runs_the_gemv_rewrite_in_place_of_the_gemm(cache_dir):
     winner = runtime.registered(decisions[0].winner_key)
     assert decisions[0].inlined and "mm" in winner.source  # in the graph as its ATen ops (inline.py)
     print("decision:", decisions[0].reason)
+
+
+def test_backend_runs_the_math_path_attention_rewrite_inlined(cache_dir):
+    """BERT's attention as its compiled graph holds it on the GPU, end to end: searched, kept in
+    context, inlined as one fused attention call in bf16, with the padded keys masked."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(8, 12, 512, 64, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    keep = torch.ones(8, 1, 1, 512, device="cuda", dtype=torch.bool)
+    keep[:, :, :, -7:] = False
+    model = PaddingMaskAttention()
+    with torch.no_grad(), sdpa_kernel([SDPBackend.MATH]):
+        expected = model(q, k, v, keep)
+        torch._dynamo.reset()
+        got = torch.compile(model, backend="cuda_agent", options={"mode": "search", "search_budget_s": 300})(
+            q, k, v, keep)
+    torch.testing.assert_close(got.float(), expected.float(), atol=2e-2, rtol=2e-2)
+    (decision,) = [d for d in backend.reports[-1].decisions if d.task is not None and d.task.kind == "attention"]
+    assert decision.winner_key and decision.inlined, decision.reason
+    print("decision:", decision.reason)
