@@ -340,7 +340,7 @@ class Dispatcher:
         verdict (graph_pass.unchecked)."""
         from kernel_cache import make_key
         try:
-            check = in_context.build_check(graph, [(g, d.winner_key, d.task.program) for g, d in won], rewrite)
+            check = in_context.build_check(graph, [(g, d.winner_key, d.task) for g, d in won], rewrite)
             why_not = in_context.too_big(check)
         except UnsupportedGroup as e:
             why_not = str(e)

@@ -63,11 +63,12 @@ class GraphReport:
                 f"kernels, {len(self.decisions) - won} left to Inductor" + (f" ({left})" if left else ""))
 
 
-def rewrite(graph: fx.Graph, group: Group, key: str, program: str) -> bool:
-    """Replace the group's nodes with the winner: a rewrite as its ATen ops (inline.py; True),
-    anything else as one call of the winner's op (runtime.op_for) and getitems for its outputs."""
+def rewrite(graph: fx.Graph, group: Group, key: str, task: Task) -> bool:
+    """Replace the group's nodes (whose task is `task`) with the winner: a rewrite as its ATen ops
+    (inline.py; True), anything else as one call of the winner's op (runtime.op_for) and getitems
+    for its outputs."""
     try:
-        sub = inline.aten_graph(key, group)
+        sub = inline.aten_graph(key, task)
         if sub is not None:
             inline.splice(graph, group, sub)  # traces first: a failure leaves the graph as it was
             return True
@@ -78,7 +79,7 @@ def rewrite(graph: fx.Graph, group: Group, key: str, program: str) -> bool:
     inputs, outputs = boundary(group)
     last = group.nodes[-1]
     with graph.inserting_after(last):
-        call = graph.call_function(runtime.op_for(key), (key, runtime.program_arg(program), inputs))
+        call = graph.call_function(runtime.op_for(key), (key, runtime.program_arg(task.program), inputs))
     call.meta["val"] = [o.meta["val"] for o in outputs]
     anchor = call
     for i, out in enumerate(outputs):
@@ -138,7 +139,7 @@ class SubgraphPass(CustomGraphPass):
                 continue
             if found:
                 decision.reason += f"; in context: {found}"
-            decision.inlined = rewrite(graph, group, decision.winner_key, decision.task.program)
+            decision.inlined = rewrite(graph, group, decision.winner_key, decision.task)
             if decision.inlined:
                 decision.reason += "; inlined as ATen ops"
         graph.lint()

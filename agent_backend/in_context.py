@@ -77,18 +77,18 @@ def too_big(check: ContextCheck) -> str | None:
     return f"its inputs ({need / 2**30:.2f} GiB) take more than {MEMORY_SHARE:.0%} of the GPU's free memory"
 
 
-def build_check(graph: fx.Graph, replacements: list[tuple[Group, str, str]],
+def build_check(graph: fx.Graph, replacements: list[tuple[Group, str, Task]],
                 rewrite) -> ContextCheck:
-    """The check for `graph` with each group replaced by its winner (group, winner key, task
-    program), through `rewrite` (graph_pass.rewrite) on a copy. Raises UnsupportedGroup where
+    """The check for `graph` with each group replaced by its winner (group, winner key, the
+    group's task), through `rewrite` (graph_pass.rewrite) on a copy. Raises UnsupportedGroup where
     the graph cannot be written as a program run on made-up inputs: non-tensor inputs, constants
     of its own, ops other than ATen's. Integer inputs (token ids) are drawn as zeros
     (specs.random_tensor): in bounds of whatever they index. A graph that draws random numbers
     is timed only: the two programs' results could not agree."""
     before = _graph_task(graph)
     copy, mapped = _copy(graph)
-    for group, key, program in replacements:
-        rewrite(copy, Group([mapped[n] for n in group.nodes], group.kind), key, program)
+    for group, key, task in replacements:
+        rewrite(copy, Group([mapped[n] for n in group.nodes], group.kind), key, task)
     after = _graph_task(copy)
     comparable = not any(_draws_random(n) for n in graph.nodes if n.op == "call_function")
     return ContextCheck(before, after, tuple(key for _, key, _ in replacements), comparable)

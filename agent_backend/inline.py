@@ -25,18 +25,19 @@ from skills import rewrites
 
 from . import runtime
 from .partition import Group
-from .task import boundary, extract_task
+from .specs import Task
+from .task import boundary
 
 ALL_ATTENTION = [backend for name, backend in SDPBackend.__members__.items() if name != "ERROR"]
 
 
-def aten_graph(key: str, group: Group) -> fx.Graph | None:
-    """The ATen graph of the winner registered under `key` for `group`, if it is a rewrite whose
-    rules, applied to the group again, write exactly its verified source; else None."""
+def aten_graph(key: str, task: Task) -> fx.Graph | None:
+    """The ATen graph of the winner registered under `key` for `task`, if it is a rewrite whose
+    rules, applied to the task's graph again, write exactly its verified source; else None."""
     winner = runtime.registered(key)
     if winner is None or not winner.origin.startswith(rewrites.ORIGIN):
         return None
-    rebuilt = rewrites.rebuild(extract_task(group), winner.origin)
+    rebuilt = rewrites.rebuild(task, winner.origin)
     if rebuilt is None or rebuilt[1] != winner.source:
         return None
     return rebuilt[0]

@@ -82,12 +82,11 @@ def test_torchs_math_path_of_attention_compiles_to_one_attention_call(cache_dir)
 @pytest.mark.parametrize("origin", ["builtin:pointwise:x", "builtin:rewrite:no_such_rule", "llm"])
 def test_only_rewrites_are_inlined(origin):
     from agent_backend import inline
-    from agent_backend.partition import partition
-    from torch.fx.experimental.proxy_tensor import make_fx
-    gm = make_fx(GemmSum(), tracing_mode="fake")(torch.randn(8, 4), torch.randn(4, 6))
-    group = next(g for g in partition(gm.graph) if g.kind == "matmul")
-    runtime.register(runtime.Winner("k-" + origin, "anything", (), origin))
-    assert inline.aten_graph("k-" + origin, group) is None
+    (task,) = [t for t in collect_tasks(GemmSum(), [torch.randn(8, 4), torch.randn(4, 6)], backward=False)
+               if t.kind == "matmul"]
+    (candidate,) = rewrites.propose(task)
+    runtime.register(runtime.Winner("k-" + origin, candidate.source, (), origin))
+    assert inline.aten_graph("k-" + origin, task) is None
 
 
 def test_a_rewrite_that_cannot_be_inlined_runs_through_its_op(cache_dir, monkeypatch, caplog):
