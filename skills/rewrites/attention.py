@@ -119,17 +119,21 @@ def _match(first: fx.Node):
     return scale, mask_kind, mask, second, node, safe
 
 
-def _as_4d(operand: fx.Node, shape4: list[int]) -> fx.Node | None:
-    """The 4-D tensor of shape `shape4` that bmm operand `operand` is a copy or view of (torch's
-    matmul flattens [b, h, s, d] to [b*h, s, d] through expand, clone and reshape), else None."""
+def _as_4d(graph: fx.Graph, operand: fx.Node, shape4: list[int]) -> fx.Node:
+    """bmm operand `operand` as a 4-D tensor of shape `shape4`: the one it is a copy or view of
+    (torch's matmul flattens [b, h, s, d] to [b*h, s, d] through expand, clone and reshape), else
+    a reshape of it."""
     node = operand
     while node.op == "call_function" and node.target in COPIES and shape(node) != tuple(shape4):
         if node.target is aten.expand.default and shape(node.args[0]) != shape(node):
-            return None  # a real broadcast (k/v heads shared), not a copy
+            break  # a real broadcast (k/v heads shared), not a copy
         node = node.args[0]
-    while node.op == "call_function" and node.target in COPIES and shape(node.args[0]) == tuple(shape4):
-        node = node.args[0]  # the expand to its own shape and the clone above it change nothing
-    return node if shape(node) == tuple(shape4) else None
+    else:
+        while node.op == "call_function" and node.target in COPIES and shape(node.args[0]) == tuple(shape4):
+            node = node.args[0]  # the expand to its own shape and the clone above it change nothing
+        if shape(node) == tuple(shape4):
+            return node
+    return call(graph, aten.reshape.default, operand, shape4)
 
 
 def _cast_up_from(node: fx.Node) -> tuple[fx.Node, float, list[fx.Node]] | None:
@@ -179,9 +183,9 @@ def _rewrite(graph: fx.Graph, first: fx.Node, scale, mask_kind, mask, second: fx
     scores_shape = shape(scores)  # [.., seq_q, seq_k]: the shape the mask broadcasts to
     lead = list(scores_shape[:-2]) if len(scores_shape) > 3 else [1, batch]
     with graph.inserting_before(second):
-        q4 = _as_4d(q, lead + [seq_q, head_dim]) or call(graph, aten.reshape.default, q, lead + [seq_q, head_dim])
-        k4t = _as_4d(k_t, lead + [head_dim, seq_k]) or call(graph, aten.reshape.default, k_t, lead + [head_dim, seq_k])
-        v4 = _as_4d(v, lead + [seq_k, shape(v)[2]]) or call(graph, aten.reshape.default, v, lead + [seq_k, shape(v)[2]])
+        q4 = _as_4d(graph, q, lead + [seq_q, head_dim])
+        k4t = _as_4d(graph, k_t, lead + [head_dim, seq_k])
+        v4 = _as_4d(graph, v, lead + [seq_k, shape(v)[2]])
         half = _in_half(graph, q4, k4t, v4, second)
         work_dtype = dtype(q)
         if half is not None:
