@@ -21,14 +21,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
 def graphs_of(family: str) -> list:
+    """The forward and backward graphs of the suite's `<family>_train` problem, at full size, bf16."""
     import torch
     from torch._functorch.aot_autograd import aot_module_simplified
     from torch._inductor.decomposition import select_decomp_table
 
-    from benchmarks.suite.problems_transformers import TransformersModel, _config
-
-    class Sizes:
-        batch, seq, hidden, layers, heads, vocab = 8, 512, 768, 4, 12, 32000
+    from benchmarks.suite.problem import build
+    from benchmarks.suite.registry import select
 
     graphs = []
 
@@ -41,8 +40,8 @@ def graphs_of(family: str) -> list:
                                      decompositions=select_decomp_table())
 
     torch._dynamo.reset()
-    model = TransformersModel(family, _config(family, Sizes)).to(torch.bfloat16)
-    out = torch.compile(model, backend=backend)(torch.randint(0, Sizes.vocab, (Sizes.batch, Sizes.seq)))
+    model, inputs = build(select(only=[f"{family}_train"])[0], "bf16", "cpu", small=False)
+    out = torch.compile(model, backend=backend)(*inputs)
     out.float().sum().backward()
     return graphs
 
