@@ -327,7 +327,7 @@ class Dispatcher:
                 break
             dropped = won[remaining[-1]][1].winner_key
             for i in [i for i in remaining if won[i][1].winner_key == dropped]:
-                verdicts[i] = (False, found)
+                verdicts[i] = (False, f"lost in context: {found}")
                 remaining.remove(i)
         return verdicts
 

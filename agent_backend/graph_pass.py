@@ -35,18 +35,17 @@ class Decision:
     inlined: bool = False
 
 
-Verdict = tuple[bool, str]  # the in-context check's on one winner: keep it?, and what it found ("": nothing to say)
-
-
-NO_VERDICT = "no in-context verdict"
+# The in-context check's on one winner: keep it?, and what it found ("": nothing to say), or
+# for one not kept why not.
+Verdict = tuple[bool, str]
 
 
 def unchecked(won: list[tuple[object, Decision]], found: str, why: str = "") -> list[Verdict]:
     """The verdicts where the in-context check measured nothing (`found`: what to say of it
     beside a kept winner, "" for nothing; `why`: why nothing, where `found` does not say): each
     winner stays, but one that needs a measured verdict (Decision.needs_context)."""
-    unmeasured = (f"{NO_VERDICT} ({why or found or 'none yet'}): its launch takes longer than it runs, so it runs "
-                  f"only where its graph is measured faster with it")
+    unmeasured = (f"no in-context verdict ({why or found or 'none yet'}): its launch takes longer than it runs, "
+                  f"so it runs only where its graph is measured faster with it")
     return [(False, unmeasured) if d.needs_context else (True, found) for _, d in won]
 
 
@@ -133,8 +132,7 @@ class SubgraphPass(CustomGraphPass):
             self.progress.end_graph()
         for (group, decision), (keep, found) in zip(won, verdicts):
             if not keep:  # a loss measured in context, or a launch-bound winner with no verdict
-                where = "" if found.startswith(NO_VERDICT) else "lost in context: "
-                decision.reason = f"{where}{found} (alone: {decision.reason})"
+                decision.reason = f"{found} (alone: {decision.reason})"
                 decision.winner_key = None
                 continue
             if found:
