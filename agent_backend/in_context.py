@@ -22,7 +22,7 @@ import torch
 import torch.fx as fx
 
 from .env.results import ContextTiming
-from .partition import Group
+from .partition import Group, is_random
 from .specs import Task
 from .task import UnsupportedGroup, task_of_nodes
 
@@ -90,22 +90,8 @@ def build_check(graph: fx.Graph, replacements: list[tuple[Group, str, Task]],
     for group, key, task in replacements:
         rewrite(copy, Group([mapped[n] for n in group.nodes], group.kind), key, task)
     after = _graph_task(copy)
-    comparable = not any(_draws_random(n) for n in graph.nodes if n.op == "call_function")
+    comparable = not any(is_random(n) for n in graph.nodes if n.op == "call_function")
     return ContextCheck(before, after, tuple(key for _, key, _ in replacements), comparable)
-
-
-def _draws_random(node: fx.Node) -> bool:
-    """Tagged random and not an attention op with dropout_p == 0 (they carry the tag for
-    dropout, as GPT-2's and BERT's inference graphs call them)."""
-    target = node.target
-    if not (isinstance(target, torch._ops.OpOverload) and torch.Tag.nondeterministic_seeded in target.tags):
-        return False
-    names = [a.name for a in target._schema.arguments]
-    if "dropout_p" not in names:
-        return True
-    i = names.index("dropout_p")
-    p = node.kwargs.get("dropout_p", node.args[i] if i < len(node.args) else target._schema.arguments[i].default_value)
-    return p != 0
 
 
 def _copy(graph: fx.Graph) -> tuple[fx.Graph, dict[fx.Node, fx.Node]]:

@@ -2,12 +2,14 @@
 
 One pure function, `classify`, says who may claim a node and, if nobody, why not. Groups are
 then grown greedily. First the patterns where a rewrite can remove work claim their nodes whole:
-attention written by hand (batched matmul, scale, mask, softmax, batched matmul) and a matmul
-whose output is summed or averaged. Then an anchor (matmul, conv, reduction) takes its pointwise
+attention written by hand (batched matmul, scale, mask, softmax, batched matmul), a fused
+attention call with the views before it, and a matmul whose output is summed or averaged. Then an anchor (matmul, conv, reduction) takes its pointwise
 prologue and epilogue (a reduction also the views its epilogue goes on through), reductions over
 the same rows fuse with the pointwise work between them (softmax, norms), and chains of the
 pointwise nodes left over form groups. Every group is checked to be convex (no path leaves it and
-comes back), so replacing it with one call can never make a cycle.
+comes back), so replacing it with one call can never make a cycle. Constants (nodes computed
+from no input, such as the causal masks transformers builds from iota) belong to no group: every
+task that uses one computes it, so a rule can read its value.
 """
 from __future__ import annotations
 
@@ -36,12 +38,20 @@ VIEW_OPS = {
     aten.transpose.int, aten.expand.default, aten.unsqueeze.default, aten.squeeze.dim,
     aten.squeeze.dims,
 }
+# The fused attention kernels a graph holds where torch chose one at trace time (GPT-2's and
+# Llama's causal attention): grouped with the views before them, for a rewrite of their arguments.
+FUSED_ATTENTION_OPS = {
+    aten._scaled_dot_product_cudnn_attention.default, aten._scaled_dot_product_flash_attention.default,
+    aten._scaled_dot_product_efficient_attention.default, aten._scaled_dot_product_flash_attention_for_cpu.default,
+}
 ANCHOR_KINDS = ("matmul", "conv", "reduction", "softmax", "norm")
 # Reductions a matmul's output may flow into, for a rewrite to fold into a matrix-vector product.
 RESHAPE_OPS = {aten.view.default, aten.reshape.default, aten._unsafe_view.default}
 LINEAR_REDUCTION_OPS = {aten.sum.dim_IntList, aten.sum.default, aten.mean.dim, aten.mean.default}
 # Groups larger than this become tasks too big for any template or model answer.
 MAX_GROUP_NODES = 48
+# A constant computed by more nodes than this is left an input: every task using it repeats them.
+MAX_CONSTANT_NODES = 64
 
 
 @dataclass(frozen=True)
@@ -67,8 +77,70 @@ def _is_float_or_bool(val) -> bool:
     return isinstance(val, torch.Tensor) and dtype_name(val.dtype) in TASK_DTYPES
 
 
+def is_random(node: fx.Node) -> bool:
+    """Tagged random and not an attention op with dropout_p == 0 (they carry the tag for
+    dropout, as GPT-2's and BERT's inference graphs call them)."""
+    target = node.target
+    if not (isinstance(target, torch._ops.OpOverload) and torch.Tag.nondeterministic_seeded in target.tags):
+        return False
+    names = [a.name for a in target._schema.arguments]
+    if "dropout_p" not in names:
+        return True
+    i = names.index("dropout_p")
+    p = node.kwargs.get("dropout_p", node.args[i] if i < len(node.args) else target._schema.arguments[i].default_value)
+    return p != 0
+
+
+def constant_nodes(node: fx.Node) -> list[fx.Node] | None:
+    """The nodes that compute `node` from nothing (itself included, in no order) if it is a
+    constant of the graph: a full(), or a deterministic ATen op of static shape whose inputs are
+    all constants, as the iota-built causal masks of transformers' models are; else None."""
+    found: set[fx.Node] = set()
+    stack = [node]
+    while stack:
+        n = stack.pop()
+        if n in found:
+            continue
+        target = n.target
+        if n.op != "call_function" or len(found) >= MAX_CONSTANT_NODES:
+            return None
+        if target is operator.getitem:
+            stack.append(n.args[0])
+        elif not isinstance(target, torch._ops.OpOverload) or target._schema.is_mutable or is_random(n) or \
+                "empty" in target._opname:  # uninitialised memory is no constant
+            return None
+        vals = _tensor_vals(n.meta.get("val"))
+        if vals is None or any(not isinstance(s, int) for v in vals for s in v.shape):
+            return None
+        found.add(n)
+        stack.extend(n.all_input_nodes)
+    return list(found)
+
+
+def is_constant(node: fx.Node) -> bool:
+    """A constant (constant_nodes): written into every task that uses it, never a task input (a
+    task's random input could hold any values where the graph's holds one)."""
+    return constant_nodes(node) is not None
+
+
+def _fused_attention(node: fx.Node) -> Claim:
+    """An inference graph's fused attention call: no dropout, and only its output used (a training
+    graph keeps its log-sum-exp for the backward, which a rewrite would have to keep too)."""
+    name = str(node.target)
+    if is_random(node):
+        return Claim(None, f"{name} draws dropout")
+    if any(u.target is not operator.getitem or u.args[1] != 0 for u in node.users):
+        return Claim(None, f"{name}'s log-sum-exp is used (a training graph)")
+    for a in node.args[:3]:
+        val = a.meta.get("val") if isinstance(a, fx.Node) else None
+        if not _is_float_or_bool(val) or any(not isinstance(s, int) for s in val.shape):
+            return Claim(None, f"{name}'s inputs are not float tensors of static shape")
+    return Claim("fused_attention")
+
+
 def classify(node: fx.Node) -> Claim:
-    """Who may claim `node`, and if nobody, why not. Pure: reads the node and its inputs only."""
+    """Who may claim `node`, and if nobody, why not. Pure: reads the node, its inputs and (for a
+    fused attention call) which of its outputs are used."""
     if node.op != "call_function":
         return Claim(None, f"not an op ({node.op})")
     if node.target is operator.getitem:
@@ -80,6 +152,8 @@ def classify(node: fx.Node) -> Claim:
         return Claim(None, f"{target} is not an ATen op")
     name = str(target)
     tags = set(target.tags)
+    if target in FUSED_ATTENTION_OPS:
+        return _fused_attention(node)
     if torch.Tag.nondeterministic_seeded in tags:
         return Claim(None, f"{name} is random")
     if target is aten.full.default and _is_float_or_bool(node.meta.get("val")) and all(
@@ -184,7 +258,8 @@ class _Partitioner:
     def __init__(self, graph: fx.Graph):
         self.graph = graph
         self.g = _Graph(graph)
-        self.claims = {n: classify(n) for n in graph.nodes}
+        # a constant is no group's: each task that uses it computes it (task.py)
+        self.claims = {n: Claim("constant") if is_constant(n) else classify(n) for n in graph.nodes}
         self.owner: dict[fx.Node, Group] = {}
         self.groups: list[Group] = []
 
@@ -199,9 +274,11 @@ class _Partitioner:
         members.add(node)
         return True
 
-    def grow(self, members: set, fusable: Callable[[fx.Node], bool]) -> None:
-        """Epilogue (consumers `fusable` accepts), then prologue (pointwise, view and constant
-        producers used only inside the group)."""
+    def grow(self, members: set, fusable: Callable[[fx.Node], bool],
+             prologue: Callable[[fx.Node], bool] | None = None) -> None:
+        """Epilogue (consumers `fusable` accepts), then prologue (producers `prologue` accepts,
+        by default pointwise, view and constant ones, used only inside the group)."""
+        prologue = prologue or (lambda p: self.kind(p) in ("pointwise", "view", "constant"))
         grown = True
         while grown:
             grown = False
@@ -214,7 +291,7 @@ class _Partitioner:
             grown = False
             for m in sorted(members, key=self.g.pos.get):
                 for p in m.all_input_nodes:
-                    if self.kind(p) in ("pointwise", "view", "constant") and all(u in members for u in p.users):
+                    if prologue(p) and all(u in members for u in p.users):
                         if self.try_add(members, p):
                             grown = True
 
@@ -275,6 +352,14 @@ class _Partitioner:
         self.grow(members, lambda n: self.kind(n) == "view" or n.target is torch.ops.prims.convert_element_type.default)
         self.add_group("attention", members)
 
+    def fused_attention(self, node: fx.Node) -> None:
+        """A fused attention call with its output and the views that lay out its operands (Llama's
+        keys and values repeated across heads), for the rules of skills/rewrites/fused_attention."""
+        members = {node}
+        self.grow(members, lambda u: self.kind(u) == "getitem",
+                  prologue=lambda p: self.kind(p) == "view" or p.target is aten.clone.default)
+        self.add_group("fused_attention", members)
+
     def matmul_reduction(self, mm: fx.Node) -> None:
         """A matmul whose output flows through views and pointwise ops into a sum or mean,
         claimed with what follows (kind "matmul"), for the rewrite to a matrix-vector product."""
@@ -315,6 +400,9 @@ class _Partitioner:
         for node in self.graph.nodes:
             if node not in self.owner and node.target is aten.bmm.default and self.kind(node) == "matmul":
                 self.attention(node)
+        for node in self.graph.nodes:
+            if node not in self.owner and self.kind(node) == "fused_attention":
+                self.fused_attention(node)
         for node in self.graph.nodes:
             if node not in self.owner and self.kind(node) == "matmul":
                 self.matmul_reduction(node)

@@ -15,7 +15,7 @@ import operator
 import torch
 import torch.fx as fx
 
-from .partition import Group, classify
+from .partition import Group, constant_nodes, is_constant
 from .specs import Task, TensorSpec
 
 PROGRAM_HEADER = '''import torch
@@ -85,11 +85,6 @@ def _op_path(target) -> str:
     return f"torch.ops.{ns}.{target._opname}.{target._overloadname}"
 
 
-def is_constant(node: fx.Node) -> bool:
-    """A constant (partition's "constant" kind, a full()): written into every task that uses it."""
-    return classify(node).kind == "constant"
-
-
 def boundary(group: Group) -> tuple[list[fx.Node], list[fx.Node]]:
     """Inputs in order of first use (constants are not inputs); outputs (members used outside)
     in graph order."""
@@ -104,8 +99,10 @@ def boundary(group: Group) -> tuple[list[fx.Node], list[fx.Node]]:
 
 
 def _constants(group: Group) -> list[fx.Node]:
+    """The nodes computing the constants the group uses, in graph order."""
     members = set(group.nodes)
-    found = {a for n in group.nodes for a in n.all_input_nodes if a not in members and is_constant(a)}
+    found = {c for n in group.nodes for a in n.all_input_nodes if a not in members
+             for c in constant_nodes(a) or ()}
     return [n for n in group.nodes[0].graph.nodes if n in found]
 
 

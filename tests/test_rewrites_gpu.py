@@ -201,3 +201,22 @@ def test_backend_runs_the_math_path_attention_rewrite_inlined(cache_dir):
     (decision,) = [d for d in backend.reports[-1].decisions if d.task is not None and d.task.kind == "attention"]
     assert decision.winner_key and decision.inlined, decision.reason
     print("decision:", decision.reason)
+
+
+def test_backend_drops_a_constant_causal_mask_and_repeated_heads_inlined(cache_dir):
+    """Llama's attention as its compiled graph holds it on the GPU (a fused kernel with a causal
+    mask built from positions, keys and values repeated across heads), end to end: searched, kept
+    in context, inlined as one causal call."""
+    from test_fused_attention_rules import GroupedAttention
+    torch.manual_seed(0)
+    q = torch.randn(8, 12, 512, 64, device="cuda", dtype=torch.bfloat16)
+    k, v = (torch.randn(8, 4, 512, 64, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    model = GroupedAttention()
+    with torch.no_grad():
+        expected = model(q, k, v)
+        torch._dynamo.reset()
+        got = torch.compile(model, backend="cuda_agent", options={"mode": "search", "search_budget_s": 300})(q, k, v)
+    torch.testing.assert_close(got.float(), expected.float(), atol=2e-2, rtol=2e-2)
+    (decision,) = [d for d in backend.reports[-1].decisions if d.task is not None and d.task.kind == "fused_attention"]
+    assert decision.winner_key and decision.inlined, decision.reason
+    print("decision:", runtime.registered(decision.winner_key).origin, decision.reason)

@@ -8,12 +8,13 @@ import torch.fx as fx
 
 from agent_backend.specs import Candidate, Task
 
-from . import affine_fold, attention, gemm_epilogue, gemm_reduce, trivial_reductions
+from . import affine_fold, attention, fused_attention, gemm_epilogue, gemm_reduce, trivial_reductions
 from .graph import candidate_source, copy_graph
 
 ORIGIN = "builtin:rewrite:"
 # In the order they are tried: a later rule sees what an earlier one left.
-RULES = (attention.RULE, gemm_reduce.RULE, affine_fold.RULE, gemm_epilogue.RULE, trivial_reductions.RULE)
+RULES = (attention.RULE, fused_attention.CAUSAL_MASK, fused_attention.GROUPED_KV, gemm_reduce.RULE, affine_fold.RULE,
+         gemm_epilogue.RULE, trivial_reductions.RULE)
 
 
 def explain(task: Task) -> list[tuple[str, str | None]]:
