@@ -18,7 +18,6 @@ Either way the result is `aten.scaled_dot_product_attention`, and torch picks th
 """
 from __future__ import annotations
 
-import math
 import operator
 
 import torch
