@@ -15,8 +15,9 @@
 #                                            # interleaved: whether our kernels win the whole model
 #   benchmarks/gpu_session.sh gate [NAME..]  # pointwise-heavy problems with the gate and with gate=false,
 #                                            # then the two side by side (benchmarks/suite/gate_compare.py)
-#   benchmarks/gpu_session.sh dispatch       # host cost per call of the launch op and of run_winner, and
-#                                            # one round of the llm policy's transformers engine (issue 12)
+#   benchmarks/gpu_session.sh dispatch       # host cost per call of the launch op and of run_winner, a tiny
+#                                            # graph with our kernel under CUDA graphs against Inductor's,
+#                                            # and one round of the llm policy's transformers engine
 #
 # Each test file runs in a process of its own, so a crash (the launch op's segfault on the
 # H100 machine, 2026-11-23) costs that file only, and its exit status is recorded.
@@ -83,6 +84,7 @@ case "$phase" in
   dispatch)
     python3 benchmarks/dispatch_overhead.py --out "$out/dispatch_overhead.json"
     python3 benchmarks/run_winner_host.py --device cuda --out "$out/run_winner_host.json"
+    python3 benchmarks/reduce_overhead_tiny.py --out "$out/reduce_overhead_tiny.json"
     python3 benchmarks/llm_round.py >"$out/llm_round.json"
     ;;
   *)
