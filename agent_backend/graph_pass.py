@@ -92,6 +92,13 @@ def rewrite(graph: fx.Graph, group: Group, key: str, task: Task) -> bool:
     return False
 
 
+def worth_a_search(group: Group, min_ops: int) -> bool:
+    """At least `min_ops` ops, or a reduction however small: a single pointwise op is already
+    what Inductor writes, a single reduction may not be (a float32 sum over 16 rows of 393216:
+    Inductor's kernels 80-107 us, eager's 21 us, H100)."""
+    return group.op_count() >= min_ops or group.kind == "reduction"
+
+
 class SubgraphPass(CustomGraphPass):
     """Post-grad pass; `decide(task)` returns a Decision (a winner key, or why not).
     `identity()` names everything besides the graph that decides what the pass does (None:
@@ -116,7 +123,7 @@ class SubgraphPass(CustomGraphPass):
             log.warning("cuda_agent: could not partition graph %d (%s: %s); Inductor compiles it as is",
                         report.graph_index, type(e).__name__, e, exc_info=True)
             return
-        groups = [g for g in groups if g.op_count() >= self.min_ops]
+        groups = [g for g in groups if worth_a_search(g, self.min_ops)]
         if self.progress:
             self.progress.start_graph(report.graph_index, len(groups))
         won: list[tuple[Group, Decision]] = []

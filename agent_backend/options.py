@@ -178,7 +178,8 @@ OPTIONS: tuple[Option, ...] = (
            "verdict is cached per graph and winners. Off, or for a graph it cannot check (symbolic sizes, "
            "constants of its own), winners stay, but a kernel whose launch outlasts it runs only with a verdict"),
     Option("min_ops", 2, _positive(int),
-           "smallest subgraph (in ops) worth a search; single pointwise ops are already optimal in Inductor"),
+           "smallest subgraph (in ops) worth a search; single pointwise ops are already optimal in Inductor "
+           "(a reduction is searched however small: Inductor's can be far from the floor)"),
 )
 
 _BY_NAME = {o.name: o for o in OPTIONS}

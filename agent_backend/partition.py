@@ -77,18 +77,26 @@ def _is_float_or_bool(val) -> bool:
     return isinstance(val, torch.Tensor) and dtype_name(val.dtype) in TASK_DTYPES
 
 
+def bind_arguments(node: fx.Node) -> dict:
+    """The node's arguments by schema name, defaults filled in."""
+    bound = {}
+    for k, arg in enumerate(node.target._schema.arguments):
+        if k < len(node.args):
+            bound[arg.name] = node.args[k]
+        elif arg.name in node.kwargs:
+            bound[arg.name] = node.kwargs[arg.name]
+        elif arg.has_default_value():
+            bound[arg.name] = arg.default_value
+    return bound
+
+
 def is_random(node: fx.Node) -> bool:
     """Tagged random and not an attention op with dropout_p == 0 (they carry the tag for
     dropout, as GPT-2's and BERT's inference graphs call them)."""
     target = node.target
     if not (isinstance(target, torch._ops.OpOverload) and torch.Tag.nondeterministic_seeded in target.tags):
         return False
-    names = [a.name for a in target._schema.arguments]
-    if "dropout_p" not in names:
-        return True
-    i = names.index("dropout_p")
-    p = node.kwargs.get("dropout_p", node.args[i] if i < len(node.args) else target._schema.arguments[i].default_value)
-    return p != 0
+    return bind_arguments(node).get("dropout_p", 1) != 0
 
 
 def constant_nodes(node: fx.Node) -> list[fx.Node] | None:

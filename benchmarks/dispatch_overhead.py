@@ -17,7 +17,6 @@ Prints JSON; "overhead_us" is each way less the bare launch (the target for the 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import tempfile
@@ -33,6 +32,7 @@ from agent_backend.env.fast_kernel import load_kernel  # noqa: E402
 from agent_backend.env.launch_spec import Arg, KernelLaunch, LaunchSpec  # noqa: E402
 from agent_backend.specs import TensorSpec  # noqa: E402
 from compile_and_launch import launch_overhead_us  # noqa: E402
+from output import emit  # noqa: E402
 
 N = 1024
 ADD_ONE = r"""
@@ -114,12 +114,7 @@ def main() -> None:
     if not torch.cuda.is_available():
         sys.exit("needs a CUDA GPU")
     os.environ["CUDA_AGENT_CACHE_DIR"] = str(args.cache_dir or tempfile.mkdtemp(prefix="cuda_agent_bench_"))
-    results = measure()
-    text = json.dumps(results, indent=2)
-    print(text)
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(text + "\n")
+    emit(measure(), args.out)
 
 
 if __name__ == "__main__":

@@ -13,7 +13,6 @@ recorded (replays do not call it), and the results match eager.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
@@ -25,6 +24,8 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]  # run from a checkout; tests/helpers stores the winner
+
+from output import emit  # noqa: E402
 
 ROUNDS, CALLS, ELEMENTS = 20, 200, 4096
 
@@ -86,11 +87,7 @@ def main() -> None:
     args = parser.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("reduce_overhead_tiny.py needs a CUDA GPU")
-    text = json.dumps(measure(), indent=1)
-    print(text)
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(text + "\n")
+    emit(measure(), args.out)
 
 
 if __name__ == "__main__":

@@ -11,7 +11,6 @@ microseconds per call and each way's overhead over the direct call.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time
@@ -23,6 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 
 from agent_backend import runtime  # noqa: E402
 from agent_backend.specs import TensorSpec  # noqa: E402
+from output import emit  # noqa: E402
 
 WINNER = '''
 import torch.nn as nn
@@ -80,10 +80,7 @@ def main() -> None:
         "overhead_over_direct_us": {n: m - median["direct forward"] for n, m in median.items()
                                     if n != "direct forward"},
     }
-    text = json.dumps(result, indent=1)
-    print(text)
-    if args.out:
-        Path(args.out).write_text(text + "\n")
+    emit(result, args.out)
 
 
 if __name__ == "__main__":

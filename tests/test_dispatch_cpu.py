@@ -351,3 +351,19 @@ def test_our_ops_demand_the_exact_strides_they_were_verified_on():
     exact = getattr(torch.Tag, "needs_exact_strides", None)
     for op in (torch.ops.cuda_agent.launch.default, torch.ops.cuda_agent.run_winner.default):
         assert exact in op.tags, (op, op.tags)
+
+
+@pytest.mark.parametrize("fn, kinds", [
+    (lambda x: x.sum(-1), ["reduction"]),
+    (lambda x: x.amax(-1, keepdim=True), ["reduction"]),
+    (lambda x: torch.relu(x), []),
+], ids=["sum", "amax", "relu"])
+def test_a_reduction_alone_is_searched_a_pointwise_op_alone_is_not(fn, kinds):
+    """min_ops (2) spares single pointwise ops, which Inductor writes as well as anyone; a single
+    reduction is searched, since Inductor's can be far from the floor over long rows."""
+    class One(nn.Module):
+        def forward(self, x):
+            return fn(x)
+
+    tasks = collect_tasks(One(), [torch.randn(4, 512)], backward=False, min_ops=resolve({}).min_ops)
+    assert [t.kind for t in tasks] == kinds

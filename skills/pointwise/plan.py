@@ -7,12 +7,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 from torch.fx import Graph, Node
 from torch.fx.node import map_arg
 
+from agent_backend.partition import bind_arguments
 from agent_backend.specs import Task, TensorSpec
 
 from .dtypes import DtypeInfo, dtype_info
@@ -163,19 +163,6 @@ def _render(node: Node, var: str, values: dict[Node, Value], metas: dict[Node, t
     values[node] = Value(var, result.dtype)
     metas[node] = result
     return f"const {info.ctype} {var} = {info.round.format(rule.render(args))};"
-
-
-def bind_arguments(node: Node) -> dict[str, Any]:
-    """The node's arguments by schema name, defaults filled in."""
-    bound = {}
-    for k, arg in enumerate(node.target._schema.arguments):
-        if k < len(node.args):
-            bound[arg.name] = node.args[k]
-        elif arg.name in node.kwargs:
-            bound[arg.name] = node.kwargs[arg.name]
-        elif arg.has_default_value():
-            bound[arg.name] = arg.default_value
-    return bound
 
 
 def meta_result(node: Node, metas: dict[Node, torch.Tensor]) -> torch.Tensor:

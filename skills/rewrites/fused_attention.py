@@ -24,7 +24,7 @@ import torch
 import torch.fx as fx
 from torch._subclasses.fake_tensor import unset_fake_temporarily
 
-from agent_backend.partition import FUSED_ATTENTION_OPS, constant_nodes, is_random
+from agent_backend.partition import FUSED_ATTENTION_OPS, bind_arguments, constant_nodes, is_random
 
 from .graph import RESHAPE_OPS, aten, call, shape
 from .rule import Rule
@@ -35,19 +35,6 @@ MASK_ARGS = ("attn_bias", "attn_mask")
 # An additive mask's value that counts as -inf: torch hands cuDNN a boolean mask as a bias of 0 and
 # -65504 (the float16 limit, as cuDNN's kernels take no -inf), which GPT-2's and Llama's graphs hold.
 MASKED = -65504.0
-
-
-def _arguments(node: fx.Node) -> dict:
-    """The call's arguments by schema name, defaults filled in."""
-    bound = {}
-    for i, arg in enumerate(node.target._schema.arguments):
-        if i < len(node.args):
-            bound[arg.name] = node.args[i]
-        elif arg.name in node.kwargs:
-            bound[arg.name] = node.kwargs[arg.name]
-        elif arg.has_default_value():
-            bound[arg.name] = arg.default_value
-    return bound
 
 
 def _output_uses(node: fx.Node) -> list[fx.Node] | None:
@@ -123,7 +110,7 @@ def _not_causal(mask: torch.Tensor, rows: int, cols: int) -> str | None:
 def apply_causal_mask(graph: fx.Graph) -> str | None:
     reasons = []
     for node in _calls(graph):
-        args = _arguments(node)
+        args = bind_arguments(node)
         mask = next((args[name] for name in MASK_ARGS if args.get(name) is not None), None)
         if not isinstance(mask, fx.Node) or args.get("is_causal"):
             reasons.append("the attention call has no mask")
@@ -167,7 +154,7 @@ def _unrepeated(node: fx.Node) -> tuple[fx.Node, int] | None:
 def apply_grouped_kv(graph: fx.Graph) -> str | None:
     reasons = []
     for node in _calls(graph):
-        args = _arguments(node)
+        args = bind_arguments(node)
         key, value = _unrepeated(args["key"]), _unrepeated(args["value"])
         if args.get("enable_gqa") or key is None or value is None or key[1] != value[1] or key[1] < 2:
             reasons.append("keys and values are not repeated across query heads")

@@ -26,7 +26,8 @@ from skills.pointwise.dtypes import dtype_info, literal
 from skills.pointwise.errors import Unsupported
 from skills.pointwise.layout import coalesce, is_dense, vector_width
 from skills.pointwise.ops import OP_RULES, OpArgs, Value
-from skills.pointwise.plan import bind_arguments, graph_interface, meta_result
+from agent_backend.partition import bind_arguments
+from skills.pointwise.plan import graph_interface, meta_result
 
 from .placement import Placement, identity_axes, meta_shape, reduced_axes
 
