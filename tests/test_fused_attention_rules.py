@@ -110,6 +110,14 @@ def test_a_constant_mask_that_is_not_causal_is_kept():
     assert_same_function(task, candidate)
 
 
+def test_a_constant_mask_too_large_to_read_while_compiling_is_kept(monkeypatch):
+    from skills.rewrites import fused_attention
+    monkeypatch.setattr(fused_attention, "MAX_MASK_ELEMENTS", B * SEQ * SEQ - 1)
+    task = _attention_task(GroupedAttention(), _inputs())
+    assert why_not(task, "causal_mask") == f"the constant mask ({B * SEQ * SEQ} elements) is too large to read while " \
+                                           f"compiling"
+
+
 def test_a_mask_that_arrives_as_an_input_is_never_assumed_causal():
     q, k, v = _inputs()
     causal = _mask(q, torch.ones(SEQ, SEQ, dtype=torch.bool).tril())

@@ -18,13 +18,16 @@ Either way the result is `aten.scaled_dot_product_attention`, and torch picks th
 """
 from __future__ import annotations
 
+import functools
 import operator
+import textwrap
 
 import torch
 import torch.fx as fx
 from torch._subclasses.fake_tensor import unset_fake_temporarily
 
 from agent_backend.partition import FUSED_ATTENTION_OPS, bind_arguments, constant_nodes, is_random
+from agent_backend.task import write_body
 
 from .graph import RESHAPE_OPS, aten, call, shape
 from .rule import Rule
@@ -35,6 +38,8 @@ MASK_ARGS = ("attn_bias", "attn_mask")
 # An additive mask's value that counts as -inf: torch hands cuDNN a boolean mask as a bias of 0 and
 # -65504 (the float16 limit, as cuDNN's kernels take no -inf), which GPT-2's and Llama's graphs hold.
 MASKED = -65504.0
+# A constant mask larger than this is not evaluated (batch 8 at sequence 2048 is 2**25 elements).
+MAX_MASK_ELEMENTS = 2 ** 26
 
 
 def _output_uses(node: fx.Node) -> list[fx.Node] | None:
@@ -70,22 +75,26 @@ def _replace(graph: fx.Graph, node: fx.Node, args: dict, **changes) -> None:
     graph.erase_node(node)
 
 
-def _value(node: fx.Node) -> torch.Tensor | None:
-    """The value of constant `node`, computed on the CPU from the nodes that build it; None if it
-    is not a constant (it depends on an input)."""
-    nodes = constant_nodes(node)
+def _mask_problem(mask: fx.Node, rows: int, cols: int) -> str | None:
+    """Why the mask node `mask` is not a constant holding the causal pattern; None if it is."""
+    nodes = constant_nodes(mask)
     if nodes is None:
-        return None
-    order = {n: i for i, n in enumerate(node.graph.nodes)}
-    sub, env = fx.Graph(), {}
-    cpu = torch.device("cpu")
-    for n in sorted(nodes, key=order.get):
-        env[n] = sub.node_copy(n, lambda a: env[a])
-        env[n].kwargs = {k: cpu if isinstance(v, torch.device) else v for k, v in n.kwargs.items()}
-        env[n].args = tuple(cpu if isinstance(v, torch.device) else v for v in env[n].args)
-    sub.output(env[node])
+        return "the mask is computed from an input, not a constant"
+    if mask.meta["val"].numel() > MAX_MASK_ELEMENTS:
+        return f"the constant mask ({mask.meta['val'].numel()} elements) is too large to read while compiling"
+    order = {n: i for i, n in enumerate(mask.graph.nodes)}
+    body, _ = write_body(sorted(nodes, key=order.get), [], [mask], [], 'torch.device("cpu")')
+    return _causal_problem(body, rows, cols)
+
+
+@functools.lru_cache(maxsize=64)
+def _causal_problem(body: str, rows: int, cols: int) -> str | None:
+    """_not_causal of the mask that `body` (task.write_body's lines, from nothing) computes on the
+    CPU; each of a model's layers asks about the same mask, and so does every rule pass."""
+    namespace = {"torch": torch, "operator": operator}
+    exec(compile("def build():\n" + textwrap.indent(body, "    "), "<constant mask>", "exec"), namespace)
     with unset_fake_temporarily(), torch.no_grad():
-        return fx.GraphModule(torch.nn.Module(), sub)()
+        return _not_causal(namespace["build"](), rows, cols)
 
 
 def _not_causal(mask: torch.Tensor, rows: int, cols: int) -> str | None:
@@ -115,11 +124,7 @@ def apply_causal_mask(graph: fx.Graph) -> str | None:
         if not isinstance(mask, fx.Node) or args.get("is_causal"):
             reasons.append("the attention call has no mask")
             continue
-        value = _value(mask)
-        if value is None:
-            reasons.append("the mask is computed from an input, not a constant")
-            continue
-        why = _not_causal(value, shape(args["query"])[-2], shape(args["key"])[-2])
+        why = _mask_problem(mask, shape(args["query"])[-2], shape(args["key"])[-2])
         if why:
             reasons.append(why)
             continue
