@@ -8,8 +8,8 @@ prologue and epilogue (a reduction also the views its epilogue goes on through),
 the same rows fuse with the pointwise work between them (softmax, norms), and chains of the
 pointwise nodes left over form groups. Every group is checked to be convex (no path leaves it and
 comes back), so replacing it with one call can never make a cycle. Constants (nodes computed
-from no input, such as the causal masks transformers builds from iota) belong to no group: every
-task that uses one computes it, so a rule can read its value.
+from no input, such as the causal masks transformers builds from iota) belong to no group; a task
+computes those its rules read (task.written_in), and takes the others as inputs.
 """
 from __future__ import annotations
 

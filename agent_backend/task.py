@@ -15,7 +15,7 @@ import operator
 import torch
 import torch.fx as fx
 
-from .partition import Group, constant_nodes, is_constant
+from .partition import Group, classify, constant_nodes, is_constant
 from .specs import Task, TensorSpec
 
 PROGRAM_HEADER = '''import torch
@@ -85,24 +85,32 @@ def _op_path(target) -> str:
     return f"torch.ops.{ns}.{target._opname}.{target._overloadname}"
 
 
+def written_in(group: Group, node: fx.Node) -> bool:
+    """Whether constant `node` is computed in the group's task rather than drawn as a random input:
+    a full() always (masked_fill's -inf, a safe softmax's zeros); any constant of the graph for a
+    fused attention call, whose rules read the mask's value (the iota-built causal masks).
+    Elsewhere a template's kernel reads such a tensor as it reads any input."""
+    return classify(node).kind == "constant" or (group.kind == "fused_attention" and is_constant(node))
+
+
 def boundary(group: Group) -> tuple[list[fx.Node], list[fx.Node]]:
-    """Inputs in order of first use (constants are not inputs); outputs (members used outside)
-    in graph order."""
+    """Inputs in order of first use (constants written in are not inputs); outputs (members used
+    outside) in graph order."""
     members = set(group.nodes)
     inputs: list[fx.Node] = []
     for n in group.nodes:
         for a in n.all_input_nodes:
-            if a not in members and a not in inputs and not is_constant(a):
+            if a not in members and a not in inputs and not written_in(group, a):
                 inputs.append(a)
     outputs = [n for n in group.nodes if any(u not in members for u in n.users)]
     return inputs, outputs
 
 
 def _constants(group: Group) -> list[fx.Node]:
-    """The nodes computing the constants the group uses, in graph order."""
+    """The nodes computing the constants written into the group's task, in graph order."""
     members = set(group.nodes)
-    found = {c for n in group.nodes for a in n.all_input_nodes if a not in members
-             for c in constant_nodes(a) or ()}
+    found = {c for n in group.nodes for a in n.all_input_nodes if a not in members and written_in(group, a)
+             for c in constant_nodes(a) or (a,)}
     return [n for n in group.nodes[0].graph.nodes if n in found]
 
 

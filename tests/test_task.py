@@ -107,3 +107,16 @@ def test_random_inputs_follow_the_seed_spec_and_draw():
     assert a[0].stride() == (1, 3) and a[1].dtype == torch.bfloat16 and a[2].dtype == torch.bool
     big = random_inputs([TensorSpec((4096,), (1,), "float32", "cpu")], 0, scale=0.1, offset=3.0)[0]
     assert abs(big.mean().item() - 3.0) < 0.02 and abs(big.std().item() - 0.1) < 0.01
+
+
+def test_a_constant_is_an_input_of_a_pointwise_task_and_computed_in_an_attention_task():
+    """Llama's rotary frequencies times positions built from iota: the pointwise task takes the
+    positions as an input, as a template's kernel reads them; a fused attention call's task
+    computes its mask, whose value its rules read (tests/test_fused_attention_rules.py)."""
+    class Rope(nn.Module):
+        def forward(self, inv_freq):
+            pos = torch.arange(16, device=inv_freq.device).float()
+            return (inv_freq[:, None] * pos[None, :]).cos() + 1.0
+
+    (task,) = collect_tasks(Rope(), [torch.randn(8)], backward=False, min_ops=2)
+    assert task.kind == "pointwise" and "iota" not in task.program and len(task.inputs) == 2
