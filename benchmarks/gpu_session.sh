@@ -41,6 +41,7 @@ case "$phase" in
       timeout "${TEST_FILE_S:-300}" python3 -m pytest -q -m gpu -p no:cacheprovider "$file" >"$out/last_test.log" 2>&1
       status=$?
       echo "## $file: exit $status after $(( $(date +%s) - start )) s" >>"$log"
+      grep -E "^(E |FAILED|ERROR)" "$out/last_test.log" | head -n 60 >>"$log"  # why each failure failed
       tail -n 25 "$out/last_test.log" >>"$log"
     done
     rm -f "$out/last_test.log"
