@@ -75,11 +75,15 @@ def _replace(graph: fx.Graph, node: fx.Node, args: dict, **changes) -> None:
     graph.erase_node(node)
 
 
-def _mask_problem(mask: fx.Node, rows: int, cols: int) -> str | None:
-    """Why the mask node `mask` is not a constant holding the causal pattern; None if it is."""
+def _mask_problem(mask: fx.Node, query: fx.Node, key: fx.Node) -> str | None:
+    """Why the mask node `mask` is not a constant holding the causal pattern over query and key
+    positions; None if it is."""
     nodes = constant_nodes(mask)
     if nodes is None:
         return "the mask is computed from an input, not a constant"
+    if shape(query) is None or shape(key) is None:  # a call an earlier rule wrote
+        return "the attention call's shapes are not known"
+    rows, cols = shape(query)[-2], shape(key)[-2]
     if mask.meta["val"].numel() > MAX_MASK_ELEMENTS:
         return f"the constant mask ({mask.meta['val'].numel()} elements) is too large to read while compiling"
     order = {n: i for i, n in enumerate(mask.graph.nodes)}
@@ -124,7 +128,7 @@ def apply_causal_mask(graph: fx.Graph) -> str | None:
         if not isinstance(mask, fx.Node) or args.get("is_causal"):
             reasons.append("the attention call has no mask")
             continue
-        why = _mask_problem(mask, shape(args["query"])[-2], shape(args["key"])[-2])
+        why = _mask_problem(mask, args["query"], args["key"])
         if why:
             reasons.append(why)
             continue
