@@ -42,6 +42,8 @@ def test_launch_shapes_are_normalised():
     (lambda: _kernel(block=(1, 2, 3, 4)), "block must be"),
     (lambda: _kernel(alignment=(0, 1)), "alignment must be"),
     (lambda: _kernel(cubin=b""), "cubin"),
+    (lambda: _kernel(cluster=(0,)), "cluster must be"),
+    (lambda: _kernel(cluster=8), "whole number of clusters"),  # 12 blocks
     (lambda: _spec(inputs=()), "at least one input"),
     (lambda: _spec(kernels=(_kernel(args=(Arg.input(2),)),)), "input 2 does not exist"),
     (lambda: _spec(kernels=(_kernel(args=(Arg.output(1),)),)), "output 1 does not exist"),
@@ -62,6 +64,17 @@ def test_json_round_trip_and_digest():
     assert changed.digest != spec.digest, "the digest covers the binaries"
     with pytest.raises(ValueError, match="not a launch spec"):
         LaunchSpec.from_json(data, {})
+
+
+def test_a_cluster_is_kept_and_a_plain_launch_is_written_as_before():
+    """The cluster shape goes through JSON; a spec with none is written without it, so the digests
+    of specs cached before clusters did not change."""
+    spec = _spec(kernels=(_kernel(cluster=4), _kernel(b"\x7fELF fallback", alignment=())))
+    assert spec.kernels[0].cluster == (4, 1, 1) and spec.kernels[1].cluster == (1, 1, 1)
+    data, binaries = spec.to_json()
+    assert data["kernels"][0]["cluster"] == [4, 1, 1] and "cluster" not in data["kernels"][1]
+    assert LaunchSpec.from_json(data, binaries) == spec
+    assert spec.digest != _spec().digest
 
 
 def test_spec_round_trips_through_a_stored_cache_entry(tmp_path):

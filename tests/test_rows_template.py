@@ -8,8 +8,6 @@ import functools
 import re
 import shutil
 import subprocess
-import sys
-import types
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -393,24 +391,14 @@ def test_candidates_are_launch_specs_of_the_planned_kernels(monkeypatch):
                 (-(-8 // launch.rows), 1, 1), (launch.threads * launch.rows, 1, 1), shared_bytes(plan, shape))
 
 
-def test_cluster_candidates_are_python_programs_launching_their_cluster(monkeypatch):
-    """A launch spec has no cluster: those candidates launch from Python, refusing any other
-    signature."""
+def test_cluster_candidates_are_launch_specs_with_their_cluster(monkeypatch):
+    """A row held across a cluster of 8 blocks: the C++ launch op launches it as a cluster (no
+    Python per call), its scalar fallback too."""
     task = resized(case_task("softmax", f32), (16, 393216))
     plan = build_plan(task)
     (launch,) = launch_configs(plan)
-    launches = []
-
-    class Kernel:
-        def launch(self, *args):
-            launches.append(args)
-
-    stub = types.ModuleType("agent_backend.env.fast_kernel")
-    stub.load_kernel = lambda source, name, arg_types: Kernel()
-    monkeypatch.setitem(sys.modules, "agent_backend.env.fast_kernel", stub)
-    namespace = {}
-    exec(compile(model_source(plan, launch), "<candidate>", "exec"), namespace)
-    assert namespace["MAIN_LAUNCH"] == (128, (1024,), 196608, 8) and namespace["MAIN_ALIGNMENT"] == (16,)
-    with pytest.raises(ValueError, match="specialised to CUDA tensors"):
-        namespace["ModelNew"]()(torch.randn(16, 393216))
-    assert launches == []
+    spec = launch_spec_of(model_source(plan, launch), monkeypatch)
+    assert [(k.grid, k.block, k.shared_mem, k.cluster) for k in spec.kernels] == [
+        ((128, 1, 1), (1024, 1, 1), 196608, (8, 1, 1)),
+        ((128, 1, 1), (1024, 1, 1), shared_bytes(plan, Launch(1024, 1, 1, launch.storage, 8)), (8, 1, 1))]
+    assert spec.kernels[0].alignment == (16,)

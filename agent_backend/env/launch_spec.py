@@ -4,7 +4,8 @@ whose launch is a pure function of its task's signature.
 A LaunchSpec names the tensors the op takes (shape, stride, dtype) and the ones it allocates
 and returns, and the kernels that may compute them: each a CUBIN, a kernel name, a grid, a
 block, dynamic shared memory, its arguments (an input's or an output's data pointer, or a
-constant), and the alignment its vector accesses need of each input's data pointer. The op
+constant), the alignment its vector accesses need of each input's data pointer, and the shape
+of its thread-block clusters (sm_90+; (1, 1, 1): none). The op
 launches the first kernel whose alignment the inputs meet (say, a vectorised kernel, then a
 scalar fallback).
 
@@ -72,7 +73,9 @@ def _dim3(value: int | Sequence[int], what: str) -> tuple[int, int, int]:
 @dataclass(frozen=True)
 class KernelLaunch:
     """One kernel of a spec and how to launch it. `alignment`: per input, the bytes its data
-    pointer must be a multiple of for this kernel to run (empty: no requirement)."""
+    pointer must be a multiple of for this kernel to run (empty: no requirement). `cluster`:
+    the blocks of one thread-block cluster in each dimension, which the grid must hold a whole
+    number of (launched through cuLaunchKernelEx; (1, 1, 1): a plain launch)."""
 
     cubin: bytes
     arch: str
@@ -82,13 +85,17 @@ class KernelLaunch:
     args: tuple[Arg, ...]
     shared_mem: int = 0
     alignment: tuple[int, ...] = ()
+    cluster: tuple[int, int, int] = (1, 1, 1)
 
     def __post_init__(self):
         object.__setattr__(self, "arch", normalize_arch(self.arch))
         object.__setattr__(self, "grid", _dim3(self.grid, "grid"))
         object.__setattr__(self, "block", _dim3(self.block, "block"))
+        object.__setattr__(self, "cluster", _dim3(self.cluster, "cluster"))
         object.__setattr__(self, "args", tuple(self.args))
         object.__setattr__(self, "alignment", tuple(self.alignment))
+        if any(g % c for g, c in zip(self.grid, self.cluster)):
+            raise ValueError(f"the grid {self.grid} must be a whole number of clusters {self.cluster} in each dimension")
         if not isinstance(self.cubin, bytes) or not self.cubin:
             raise TypeError("cubin must be the compiled module's bytes")
         if not all(isinstance(a, Arg) for a in self.args):
@@ -101,12 +108,13 @@ class KernelLaunch:
     @classmethod
     def compile(cls, source: str, name: str, *, grid: int | Sequence[int], block: int | Sequence[int],
                 args: Sequence[Arg], shared_mem: int = 0, alignment: Sequence[int] = (),
-                options: Sequence[str] = (), arch: str | None = None) -> "KernelLaunch":
+                cluster: int | Sequence[int] = 1, options: Sequence[str] = (),
+                arch: str | None = None) -> "KernelLaunch":
         """Compile `source` (NVRTC, else nvcc; cached by content) for `arch`, by default the
         current GPU's, and describe the launch of its kernel `name`."""
         arch = normalize_arch(arch) if arch is not None else current_arch()
         cubin = compile_cubin(source, arch=arch, options=options)
-        return cls(cubin, arch, name, grid, block, tuple(args), shared_mem, tuple(alignment))
+        return cls(cubin, arch, name, grid, block, tuple(args), shared_mem, tuple(alignment), cluster)
 
     @property
     def binary_name(self) -> str:
@@ -144,7 +152,9 @@ class LaunchSpec:
         """(plain JSON, the CUBINs it names by KernelLaunch.binary_name)."""
         kernels = [{"binary": k.binary_name, "name": k.name, "grid": list(k.grid), "block": list(k.block),
                     "shared_mem": k.shared_mem, "args": [[a.kind, a.value] for a in k.args],
-                    "alignment": list(k.alignment)} for k in self.kernels]
+                    "alignment": list(k.alignment),
+                    # written only for a cluster launch: the specs cached before keep their digests
+                    **({"cluster": list(k.cluster)} if k.cluster != (1, 1, 1) else {})} for k in self.kernels]
         spec = {"format": SPEC_FORMAT, "inputs": [s.to_json() for s in self.inputs],
                 "outputs": [s.to_json() for s in self.outputs], "kernels": kernels}
         return spec, {k.binary_name: k.cubin for k in self.kernels}
@@ -158,7 +168,7 @@ class LaunchSpec:
             kernels = tuple(
                 KernelLaunch(binaries[k["binary"]], k["binary"].split(":", 1)[0], k["name"], tuple(k["grid"]),
                              tuple(k["block"]), tuple(Arg(kind, value) for kind, value in k["args"]),
-                             k["shared_mem"], tuple(k["alignment"]))
+                             k["shared_mem"], tuple(k["alignment"]), tuple(k.get("cluster", (1, 1, 1))))
                 for k in spec["kernels"])
             return cls(tuple(TensorSpec.from_json(s) for s in spec["inputs"]),
                        tuple(TensorSpec.from_json(s) for s in spec["outputs"]), kernels)

@@ -126,7 +126,7 @@ FALLBACK_SOURCE = $fallback_source
 FALLBACK_LAUNCH = $fallback_launch
 '''
 
-# The usual program: a launch spec, run by the C++ launch op (no Python per call).
+# The program: a launch spec, run by the C++ launch op (no Python per call), clusters included.
 _SPEC_MODEL = string.Template('''\
 import torch
 
@@ -138,9 +138,9 @@ from agent_backend.specs import TensorSpec
 
 
 def _launch(source, launch, alignment=()):
-    grid, block, shared = launch
+    grid, block, shared, *cluster = launch
     return KernelLaunch.compile(source, KERNEL_NAME, grid=grid, block=block, args=ARGS, shared_mem=shared,
-                                alignment=alignment)
+                                alignment=alignment, cluster=cluster[0] if cluster else 1)
 
 
 KERNELS = [_launch(MAIN_SOURCE, MAIN_LAUNCH, MAIN_ALIGNMENT)]
@@ -150,52 +150,6 @@ ModelNew = launch_spec_model(LaunchSpec(inputs=[TensorSpec(*s, "cuda") for s in 
                                         outputs=[TensorSpec(*s, "cuda") for s in OUTPUTS], kernels=KERNELS))
 ''')
 
-# A cluster launch, which launch specs do not describe: Kernel.launch(..., cluster=C) from
-# Python (its host time is small beside the long rows clusters are for).
-_CLUSTER_MODEL = string.Template('''\
-import functools
-
-import torch
-import torch.nn as nn
-
-from agent_backend.env.fast_kernel import load_kernel
-
-''' + _HEADER + '''ARG_TYPES = ["ptr"] * (len(INPUTS) + len(OUTPUTS))
-DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16, "bool": torch.bool}
-
-_main = load_kernel(MAIN_SOURCE, KERNEL_NAME, ARG_TYPES)
-
-
-@functools.lru_cache(maxsize=None)
-def _fallback():
-    return load_kernel(FALLBACK_SOURCE, KERNEL_NAME, ARG_TYPES)
-
-
-def _check(inputs):
-    device = inputs[0].device
-    for k, (t, (shape, stride, dtype)) in enumerate(zip(inputs, INPUTS)):
-        if (t.device.type != "cuda" or t.device != device or t.dtype != DTYPES[dtype] or tuple(t.shape) != shape
-                or any(a != b for n, a, b in zip(shape, t.stride(), stride) if n != 1)):
-            raise ValueError(
-                f"input {k}: this kernel is specialised to CUDA tensors (all on one device) of shape "
-                f"{shape}, stride {stride}, dtype {dtype}; got {t.device} {tuple(t.shape)} {t.stride()} {t.dtype}")
-
-
-class ModelNew(nn.Module):
-    def forward(self, *inputs):
-        _check(inputs)
-        device = inputs[0].device
-        outputs = [torch.empty_strided(shape, stride, dtype=DTYPES[dtype], device=device)
-                   for shape, stride, dtype in OUTPUTS]
-        if all(t.data_ptr() % a == 0 for t, a in zip(inputs, MAIN_ALIGNMENT)):
-            kernel, (grid, block, shared, cluster) = _main, MAIN_LAUNCH
-        else:
-            kernel, (grid, block, shared, cluster) = _fallback(), FALLBACK_LAUNCH
-        kernel.launch(grid, block, [*inputs, *outputs], shared, cluster)
-        return outputs[0] if len(outputs) == 1 else tuple(outputs)
-''')
-
-
 def launch_arguments(plan: RowPlan, launch: Launch) -> tuple:
     """(grid, block, dynamic shared memory), and the cluster size for a cluster launch."""
     block = (launch.threads * launch.rows,) if plan.along_rows else (launch.rows, launch.threads)
@@ -204,8 +158,8 @@ def launch_arguments(plan: RowPlan, launch: Launch) -> tuple:
 
 
 def model_source(plan: RowPlan, launch: Launch) -> str:
-    """KernelBench-style program whose ModelNew runs `plan` with `launch` (a launch spec, or for
-    a cluster a Python launch), compiled for the current GPU at import."""
+    """KernelBench-style program whose ModelNew runs `plan` with `launch` (a launch spec),
+    compiled for the current GPU at import."""
     name = f"rows_{tag(plan, launch)}"
     scalar = Launch(launch.threads, launch.rows, 1, launch.storage, launch.cluster)
     fallback = kernel_source(plan, name, scalar) if launch.width > 1 else None
@@ -215,10 +169,9 @@ def model_source(plan: RowPlan, launch: Launch) -> str:
             itemsize = plan.inputs[a.input].torch_dtype.itemsize
             alignment[a.input] = max(alignment[a.input], launch.width * itemsize)
     clustered = launch.cluster > 1
-    template = _CLUSTER_MODEL if clustered else _SPEC_MODEL
-    return template.substitute(
+    return _SPEC_MODEL.substitute(
         tag=tag(plan, launch), name=name,
-        how=f", a cluster of {launch.cluster} blocks a row" if clustered else " and run by the C++ launch op",
+        how=(f", a cluster of {launch.cluster} blocks a row," if clustered else "") + " and run by the C++ launch op",
         cluster_note=", cluster" if clustered else "",
         inputs=_signatures(plan.inputs), outputs=_signatures(o.spec for o in plan.outputs),
         main_source=kernel_source(plan, name, launch), main_launch=launch_arguments(plan, launch),

@@ -1,8 +1,9 @@
 // The launch op: a kernel described as data (launch_spec.py) run from C++, so that a winner
 // costs what its kernel costs. cuda_agent::launch(key, program, inputs) looks the spec up by
 // key, checks the inputs against it, allocates the outputs through torch's caching allocator,
-// and launches the first kernel whose alignment the inputs meet on torch's current stream of
-// the inputs' device, so that it can be captured in a CUDA graph. A Meta kernel gives the
+// and launches the first kernel whose alignment the inputs meet (in thread-block clusters where
+// its spec says so, through cuLaunchKernelEx) on torch's current stream of the inputs' device,
+// so that it can be captured in a CUDA graph. A Meta kernel gives the
 // outputs' shapes and strides to tracing (FakeTensorMode, Inductor).
 //
 // The op's schema is defined from Python (launch_op.py), with a default kernel for a process
@@ -56,6 +57,7 @@ struct Kernel {
   std::string image;  // the CUBIN
   std::string name;
   std::array<unsigned, 3> grid{}, block{};
+  std::array<unsigned, 3> cluster{1, 1, 1};  // blocks per thread-block cluster; all 1: a plain launch
   unsigned shared_mem = 0;
   std::vector<ArgKind> kinds;
   std::vector<int64_t> indices;     // of the input or output, for pointer arguments
@@ -176,6 +178,28 @@ Kernel& choose_kernel(const Spec& spec, at::TensorList inputs) {
   C10_THROW_ERROR(ValueError, "cuda_agent::launch: no kernel of the spec accepts the inputs' alignment");
 }
 
+bool clustered(const Kernel& kernel) { return kernel.cluster != std::array<unsigned, 3>{1, 1, 1}; }
+
+void launch(const Kernel& kernel, CUfunction function, CUstream stream, void** params) {
+  const Driver& d = driver();
+  CUresult status;
+  if (!clustered(kernel)) {
+    status = d.cuLaunchKernel(function, kernel.grid[0], kernel.grid[1], kernel.grid[2], kernel.block[0],
+                              kernel.block[1], kernel.block[2], kernel.shared_mem, stream, params, nullptr);
+  } else {
+    TORCH_CHECK(d.cuLaunchKernelEx != nullptr, "cuda_agent::launch: this CUDA driver has no cuLaunchKernelEx: "
+                "cluster launches need CUDA 12 or later");
+    LaunchAttribute attribute{};
+    attribute.id = CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
+    attribute.value.cluster_dim = {kernel.cluster[0], kernel.cluster[1], kernel.cluster[2]};
+    const LaunchConfig config{kernel.grid[0],  kernel.grid[1],     kernel.grid[2], kernel.block[0], kernel.block[1],
+                              kernel.block[2], kernel.shared_mem, stream,         &attribute,      1};
+    status = d.cuLaunchKernelEx(&config, function, params, nullptr);
+  }
+  // the message only where it is needed: building it costs every call
+  if (status != CUDA_SUCCESS) check(status, "launching '" + kernel.name + "'");
+}
+
 // A key with no spec here: cuda_agent::run_winner finds its winner or runs the program.
 std::vector<at::Tensor> run_winner(c10::string_view key, c10::string_view program, at::TensorList inputs) {
   TORCH_CHECK(!program.empty(), "cuda_agent::launch: no launch spec is registered under '", key, "'");
@@ -209,10 +233,7 @@ std::vector<at::Tensor> launch_cuda(c10::string_view key, c10::string_view progr
     }
     params[a] = &values[a];
   }
-  check(driver().cuLaunchKernel(function, kernel.grid[0], kernel.grid[1], kernel.grid[2], kernel.block[0],
-                                kernel.block[1], kernel.block[2], kernel.shared_mem,
-                                static_cast<CUstream>(current_stream(device.index())), params, nullptr),
-        "cuLaunchKernel('" + kernel.name + "')");
+  launch(kernel, function, static_cast<CUstream>(current_stream(device.index())), params);
   spec->launches.fetch_add(1, std::memory_order_relaxed);
   return outputs;
 }
@@ -229,7 +250,7 @@ std::vector<at::Tensor> launch_meta(c10::string_view key, c10::string_view /*pro
 using LayoutData = std::tuple<std::vector<int64_t>, std::vector<int64_t>, std::string>;
 using ArgData = std::pair<std::string, py::object>;
 using KernelData = std::tuple<py::bytes, std::string, std::array<int64_t, 3>, std::array<int64_t, 3>, int64_t,
-                              std::vector<ArgData>, std::vector<int64_t>>;
+                              std::vector<ArgData>, std::vector<int64_t>, std::array<int64_t, 3>>;
 
 [[noreturn]] void refuse(const std::string& why) { throw std::invalid_argument("launch spec: " + why); }
 
@@ -258,14 +279,16 @@ unsigned to_unsigned(int64_t value, const char* what) {
 }
 
 std::unique_ptr<Kernel> kernel_of(const KernelData& data, size_t n_inputs, size_t n_outputs) {
-  const auto& [image, name, grid, block, shared_mem, args, alignment] = data;
+  const auto& [image, name, grid, block, shared_mem, args, alignment, cluster] = data;
   auto kernel = std::make_unique<Kernel>();
   kernel->image = std::string(image);
   kernel->name = name;
   for (int d = 0; d < 3; ++d) {
-    if (grid[d] < 1 || block[d] < 1) refuse("grid and block sizes must be at least 1");
+    if (grid[d] < 1 || block[d] < 1 || cluster[d] < 1) refuse("grid, block and cluster sizes must be at least 1");
     kernel->grid[d] = to_unsigned(grid[d], "grid size");
     kernel->block[d] = to_unsigned(block[d], "block size");
+    kernel->cluster[d] = to_unsigned(cluster[d], "cluster size");
+    if (grid[d] % cluster[d] != 0) refuse("the grid must be a whole number of clusters in each dimension");
   }
   kernel->shared_mem = to_unsigned(shared_mem, "shared_mem");
   if (args.size() > kMaxArgs) refuse("a kernel takes at most " + std::to_string(kMaxArgs) + " arguments");
@@ -348,6 +371,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("register_spec", &register_spec, py::arg("key"), py::arg("digest"), py::arg("device"), py::arg("inputs"),
         py::arg("outputs"), py::arg("kernels"),
         "Register a spec under `key` and load its kernels on CUDA device `device`. inputs/outputs: "
-        "(sizes, strides, dtype name); kernels: (cubin, name, grid, block, shared_mem, [(kind, value)], alignment).");
+        "(sizes, strides, dtype name); kernels: (cubin, name, grid, block, shared_mem, [(kind, value)], alignment, "
+        "cluster).");
   m.def("launch_count", &launch_count, py::arg("key"), "Launches made under `key` (-1: not registered).");
 }
