@@ -13,6 +13,8 @@
 #   benchmarks/gpu_session.sh models [NAME..]  # GPT-2 / Llama / BERT (default: the inference problems), bf16,
 #                                            # searched first (mode=search), then timed 10 x 5 calls
 #                                            # interleaved: whether our kernels win the whole model
+#   benchmarks/gpu_session.sh level1 [NAME..]  # the level-1 problems (all, or those named), fp32 and bf16,
+#                                            # searched (mode=search), then timed interleaved: issue 8's geomean
 #   benchmarks/gpu_session.sh gate [NAME..]  # pointwise-heavy problems with the gate and with gate=false,
 #                                            # then the two side by side (benchmarks/suite/gate_compare.py)
 #   benchmarks/gpu_session.sh dispatch       # host cost per call of the launch op and of run_winner, a tiny
@@ -23,7 +25,7 @@
 # H100 machine, 2026-11-23) costs that file only, and its exit status is recorded.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-phase=${1:?"usage: $0 tests|in-context|transformers|models|gate|dispatch"}
+phase=${1:?"usage: $0 tests|in-context|transformers|models|level1|gate|dispatch"}
 out=${OUT:-benchmarks/results/session-$(date +%F)}
 mkdir -p "$out"
 gpu=$(python3 -c "import torch; print(torch.cuda.get_device_name(0))" 2>/dev/null || echo "no GPU")
@@ -42,7 +44,7 @@ case "$phase" in
       status=$?
       echo "## $file: exit $status after $(( $(date +%s) - start )) s" >>"$log"
       grep -E "^(E |FAILED|ERROR)" "$out/last_test.log" | head -n 60 >>"$log"  # why each failure failed
-      tail -n 25 "$out/last_test.log" >>"$log"
+      grep -v "^DEBUG" "$out/last_test.log" | tail -n 25 >>"$log"  # the device's torch logs DEBUG lines
     done
     rm -f "$out/last_test.log"
     grep '^## ' "$log"
@@ -68,6 +70,13 @@ case "$phase" in
       -o mode=search -o search_budget_s=20 >>"$out/models.log" 2>&1
     tail -n 30 "$out/models.log"
     ;;
+  level1)
+    header "level 1" >"$out/level1.log"
+    shift
+    python3 -m benchmarks.suite --level 1 ${*:+--only $*} --dtype fp32 bf16 --rounds 10 --calls 5 --out "$out" \
+      -o mode=search -o search_budget_s=30 >>"$out/level1.log" 2>&1
+    tail -n 40 "$out/level1.log"
+    ;;
   gate)
     shift
     names=${*:-gelu bias_gelu_mul scale_shift_tanh scalar_chain swiglu residual_layernorm layernorm_gelu \
@@ -89,7 +98,7 @@ case "$phase" in
     python3 benchmarks/llm_round.py >"$out/llm_round.json"
     ;;
   *)
-    echo "unknown phase $phase: tests, in-context, transformers, models, gate or dispatch" >&2
+    echo "unknown phase $phase: tests, in-context, transformers, models, level1, gate or dispatch" >&2
     exit 2
     ;;
 esac
