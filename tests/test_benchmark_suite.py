@@ -141,6 +141,19 @@ def test_summary_geomean_leaves_out_mismatches_and_counts_kernels():
     assert [s["scope"] for s in report.summaries(rows)] == ["level 2", "group fusion", "group rewrites", "all"]
 
 
+def test_a_row_whose_host_time_exceeds_its_gpu_time_is_marked_host_bound():
+    def line(ours_host_ms):
+        row = {"problem": "p", "level": 1, "group": "single-op", "dtype": "bf16", "mode": "inference", "status": "ok",
+               "vs_inductor": 1.5, "floor": None, "kernels": [], "subgraphs": {"ours": 0, "tasks": 1},
+               "compile_s": {"ours": 1.0, "inductor": 1.0},
+               "correct": {c: {"verdict": "ok", "max_err": 0.0} for c in ("ours", "inductor")},
+               "ms": {"ours": {"median": 0.02, "host_median": ours_host_ms},
+                      "inductor": {"median": 0.03, "host_median": 0.05}, "eager": {"median": 0.04}}}
+        return report.console_line(row)
+    assert "1.50x vs Inductor" in line(0.01) and "host-bound" not in line(0.01)
+    assert "1.50x (host-bound: 0.035 ms host) vs Inductor" in line(0.035)
+
+
 @pytest.mark.slow
 def test_dry_run_through_the_backend_writes_json_and_markdown(tmp_path, capsys):
     """Three tiny problems (an op, a rewrite problem, a training step) compiled with Inductor and
@@ -158,7 +171,8 @@ def test_dry_run_through_the_backend_writes_json_and_markdown(tmp_path, capsys):
     for row in rows.values():
         assert row["status"] == "ok", row.get("traceback")
         assert row["dtype"] == "fp32"
-        assert all(row["ms"][c]["median"] > 0 and row["ms"][c]["n"] == 2 for c in ("ours", "inductor", "eager"))
+        assert all(row["ms"][c]["median"] > 0 and row["ms"][c]["trials"] == 2 and row["ms"][c]["host_median"] > 0
+                   for c in ("ours", "inductor", "eager"))
         assert row["vs_inductor"] == pytest.approx(row["ms"]["inductor"]["median"] / row["ms"]["ours"]["median"])
         assert row["correct"]["ours"]["verdict"] == "ok" and row["correct"]["inductor"]["verdict"] == "ok"
         assert row["compile_s"]["ours"] > 0 and row["compile_s"]["inductor"] > 0

@@ -84,7 +84,7 @@ def _run_header(args, command: list[str], device: str, options: dict, copy_rate:
             "date": str(datetime.date.today()), "started": datetime.datetime.now().isoformat(timespec="seconds"),
             "command": "python -m benchmarks.suite " + shlex.join(command), "dry_run": args.dry_run,
             "sizes": "small" if args.dry_run else "full", "dtypes": args.dtype, "rounds": args.rounds,
-            "calls": args.calls, "flush_mb": timing.flush_bytes(device) >> 20, "seed": args.seed,
+            "calls": args.calls, "timer": timing.describe(device), "seed": args.seed,
             "options": options, "precision": user_precision(resolve(options)), "copy_gb_s": copy_rate / 1e9}
 
 

@@ -89,9 +89,17 @@ def _cells(row: dict) -> list[str]:
         return head + [f"**{row['status']}**: {what[:160]}"] + [""] * 7
     ms, ours, ind = row["ms"], row["correct"]["ours"], row["correct"]["inductor"]
     return head + [_ms(ms["ours"]["median"]), _ms(ms["inductor"]["median"]), _ms(ms["eager"]["median"]),
-                   f"{row['vs_inductor']:.2f}x", f"{ours['verdict']} ({_err(ours)} / {_err(ind)})",
+                   _vs_inductor_cell(row), f"{ours['verdict']} ({_err(ours)} / {_err(ind)})",
                    _floor_cell(row), _kernels_cell(row),
                    _compile_cell(row["compile_s"])]
+
+
+def _vs_inductor_cell(row: dict) -> str:
+    """The ratio, marked where our host time per call exceeds our GPU time: a model made of such
+    calls would wait on the host, which GPU times hide."""
+    ours = row["ms"]["ours"]
+    host = ours.get("host_median", 0.0)
+    return f"{row['vs_inductor']:.2f}x" + (f" (host-bound: {_ms(host)} ms host)" if host > ours["median"] else "")
 
 
 def _compile_cell(seconds: dict) -> str:
@@ -116,7 +124,7 @@ def markdown(run: dict, rows: list[dict]) -> str:
     lines = [f"# cuda-agent benchmark suite: {run['gpu']}, torch {run['torch']}, {run['date']}", "",
              f"`{run['command']}`", "",
              f"Device-to-device copy (floors): {run['copy_gb_s']:.0f} GB/s. Timing: {run['rounds']} rounds x "
-             f"{run['calls']} calls per contender, interleaved, L2 flushed before each call ({run['flush_mb']} MB); medians. "
+             f"{run['calls']} calls per contender, interleaved; {run['timer']}; medians of GPU time. "
              f"Backend options: `{json.dumps(run['options'], sort_keys=True)}`. Precision: "
              f"`{json.dumps(run['precision'], sort_keys=True)}`.", ""]
     if run.get("warmup_compile_s"):

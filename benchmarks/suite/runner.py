@@ -126,9 +126,8 @@ def _measure(problem: Problem, dtype: str, cfg: RunConfig) -> dict:
     del ours, theirs
 
     before = kernels.winner_calls()
-    samples = timing.time_interleaved(calls, cfg.rounds, cfg.calls, cfg.device)
+    ms = timing.time_interleaved(calls, cfg.rounds, cfg.calls, cfg.device)
     after = kernels.winner_calls()
-    ms = {name: timing.summarize(times) for name, times in samples.items()}
     return {"sizes": dict(vars(problem.sizes(cfg.small))), "ms": ms,
             "vs_inductor": ms["inductor"]["median"] / ms["ours"]["median"],
             "vs_eager": ms["eager"]["median"] / ms["ours"]["median"],

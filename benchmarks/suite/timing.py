@@ -1,75 +1,45 @@
 """Timing contenders against each other in one process, interleaved, with L2 flushed.
 
 Each round times `calls` calls of every contender in turn (the contender that goes first moves
-on by one each round, so none always follows the same neighbour). On CUDA each call sits between
-two CUDA events, after a write of a buffer twice the L2 size (at least 256 MB) that evicts what
-the previous call left there; the flush also gives the host a head start, so a call's launch
-overhead is hidden up to the flush's own duration. On the CPU (the dry run) calls are timed with
-the host clock and nothing is flushed.
+on by one each round, so none always follows the same neighbour). Each call is timed by the
+worker's own timer (agent_backend.env.profile.CudaTimer): the L2 cache is flushed, a GPU sleep
+that outlasts the host's work of launching the call is queued, then come the start event, the
+call and the end event. Without that sleep the window caught the host's per-call work whenever
+it outlasted the flush (seen on an H100, 2026-11-24: the same Inductor code measured 17 us at p10
+and 35-105 us at the median), so ratios of short kernels measured host jitter. The host's time
+per call is reported beside (`host_median`): where ours exceeds its GPU time, a model made of
+such calls would wait on the host. On the CPU (the dry run) calls are timed with the host clock.
 """
 from __future__ import annotations
 
 import statistics
-import time
 from typing import Callable
 
 import torch
 
-MIN_FLUSH_BYTES = 256 << 20
+from agent_backend.env.profile import CpuTimer, CudaTimer, Timing, make_timer, summarize
+from agent_backend.env.verify import sleep_cycles_per_ms
 
 
-def flush_bytes(device: str) -> int:
-    """Twice the L2 size, at least 256 MB; 0 on the CPU (nothing is flushed there)."""
-    if device != "cuda":
-        return 0
-    return max(MIN_FLUSH_BYTES, 2 * getattr(torch.cuda.get_device_properties(device), "L2_cache_size", 0))
-
-
-def flush_buffer(device: str) -> torch.Tensor | None:
-    nbytes = flush_bytes(device)
-    return torch.empty(nbytes, dtype=torch.uint8, device=device) if nbytes else None
-
-
-def _time_calls(fn: Callable[[], object], calls: int, flush: torch.Tensor | None) -> list[float]:
-    """Milliseconds per call."""
-    if flush is None:
-        times = []
-        for _ in range(calls):
-            start = time.perf_counter()
-            fn()
-            times.append((time.perf_counter() - start) * 1e3)
-        return times
-    events = []
-    for _ in range(calls):
-        flush.zero_()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        events.append((start, end))
-    torch.cuda.synchronize()
-    return [start.elapsed_time(end) for start, end in events]
+def describe(device: str) -> str:
+    return (CudaTimer if device == "cuda" else CpuTimer).description
 
 
 def time_interleaved(contenders: dict[str, Callable[[], object]], rounds: int, calls: int, device: str,
-                     warmup: int = 2) -> dict[str, list[float]]:
-    """name -> every timed call's milliseconds, `rounds` x `calls` of them."""
-    flush = flush_buffer(device)
-    for fn in contenders.values():
-        for _ in range(warmup):
-            fn()
+                     warmup: int = 2) -> dict[str, dict]:
+    """name -> the timing stats of its `rounds` x `calls` timed calls (profile.summarize: median,
+    p10, p90, trials, host_median; milliseconds)."""
+    dev = torch.device(device)
+    timer = make_timer(dev, sleep_cycles_per_ms(dev) if dev.type == "cuda" else 0.0)
+    warm = [timer.time_call(fn) for fn in contenders.values() for _ in range(max(warmup, 1))]
+    timer.fit_cover(max(t.host_ms for t in warm))
     names = list(contenders)
-    samples: dict[str, list[float]] = {name: [] for name in names}
+    samples: dict[str, list[Timing]] = {name: [] for name in names}
     for r in range(rounds):
         for name in names[r % len(names):] + names[:r % len(names)]:
-            samples[name] += _time_calls(contenders[name], calls, flush)
-    return samples
-
-
-def summarize(times_ms: list[float]) -> dict:
-    ordered = sorted(times_ms)
-    return {"median": statistics.median(ordered), "p10": ordered[int(0.1 * (len(ordered) - 1))],
-            "p90": ordered[int(0.9 * (len(ordered) - 1))], "n": len(ordered)}
+            samples[name] += [timer.time_call(contenders[name]) for _ in range(calls)]
+    drain_floor_ms = min(t.drain_ms for timings in samples.values() for t in timings)
+    return {name: summarize(timings, drain_floor_ms) for name, timings in samples.items()}
 
 
 def copy_bytes_per_s(device: str, nbytes: int) -> float:
@@ -78,5 +48,5 @@ def copy_bytes_per_s(device: str, nbytes: int) -> float:
     src = torch.empty(nbytes, dtype=torch.uint8, device=device)
     dst = torch.empty_like(src)
     copy = lambda: dst.copy_(src)  # noqa: E731
-    ms = statistics.median(time_interleaved({"copy": copy}, rounds=1, calls=20, device=device, warmup=3)["copy"])
+    ms = time_interleaved({"copy": copy}, rounds=1, calls=20, device=device, warmup=3)["copy"]["median"]
     return 2 * nbytes / (ms * 1e-3)
