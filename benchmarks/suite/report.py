@@ -97,9 +97,10 @@ def _cells(row: dict) -> list[str]:
 def _vs_inductor_cell(row: dict) -> str:
     """The ratio, marked where our host time per call exceeds our GPU time: a model made of such
     calls would wait on the host, which GPU times hide."""
-    ours = row["ms"]["ours"]
+    ours, inductor = row["ms"]["ours"], row["ms"]["inductor"]
     host = ours.get("host_median", 0.0)
-    return f"{row['vs_inductor']:.2f}x" + (f" (host-bound: {_ms(host)} ms host)" if host > ours["median"] else "")
+    return f"{row['vs_inductor']:.2f}x" + (f" (host-bound: host {_ms(host)} / {_ms(inductor['host_median'])} ms)"
+                                          if host > ours["median"] else "")
 
 
 def _compile_cell(seconds: dict) -> str:
