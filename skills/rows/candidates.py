@@ -60,8 +60,8 @@ def _along_rows(plan: RowPlan) -> list[Launch]:
         while (cluster < MAX_CLUSTER and plan.rows * cluster * 2 <= TYPICAL_SM_COUNT
                and vectors >= MAX_BLOCK * cluster * 2 * 4):
             cluster *= 2
-        if cluster > 1:  # also half-size blocks: two to an SM, so the clusters of a row find room sooner
-            configs += [Launch(threads, 1, width, "registers", cluster) for threads in (MAX_BLOCK, MAX_BLOCK // 2)]
+        if cluster > 1:
+            configs.append(Launch(MAX_BLOCK, 1, width, "registers", cluster))
         return configs
     # the fewest threads whose part of the row fits in registers, and twice and four times as many
     configs = [c for c in shapes if _words(plan, c) <= REGISTER_WORDS][:3]
@@ -70,15 +70,14 @@ def _along_rows(plan: RowPlan) -> list[Launch]:
         if shared_bytes(plan, whole) <= SHARED_BYTES:
             configs.append(whole)
         for storage, fits in (("registers", lambda c: _words(plan, c) <= REGISTER_WORDS),
-                              ("shared", lambda c: shared_bytes(plan, c) * MAX_BLOCK // c.threads <= SHARED_BYTES)):
-            for threads in (MAX_BLOCK, MAX_BLOCK // 2):  # half-size blocks fit two to an SM
-                cluster = 2
-                while cluster <= MAX_CLUSTER:
-                    c = Launch(threads, 1, width, storage, cluster)
-                    if fits(c) and (plan.rows * cluster <= 2 * TYPICAL_SM_COUNT or not configs):
-                        configs.append(c)
-                        break
-                    cluster *= 2
+                              ("shared", lambda c: shared_bytes(plan, c) <= SHARED_BYTES)):
+            cluster = 2
+            while cluster <= MAX_CLUSTER:
+                c = Launch(MAX_BLOCK, 1, width, storage, cluster)
+                if fits(c) and (plan.rows * cluster <= 2 * TYPICAL_SM_COUNT or not configs):
+                    configs.append(c)
+                    break
+                cluster *= 2
     return configs
 
 
