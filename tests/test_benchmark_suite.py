@@ -151,7 +151,7 @@ def test_a_row_whose_host_time_exceeds_its_gpu_time_is_marked_host_bound():
                       "inductor": {"median": 0.03, "host_median": 0.05}, "eager": {"median": 0.04}}}
         return report.console_line(row)
     assert "1.50x vs Inductor" in line(0.01) and "host-bound" not in line(0.01)
-    assert "1.50x (host-bound: host 0.035 / 0.05 ms) vs Inductor" in line(0.035)
+    assert "1.50x (host-bound: host 0.035 / 0.05 ms, paced 1.43x) vs Inductor" in line(0.035)
 
 
 @pytest.mark.slow
