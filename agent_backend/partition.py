@@ -90,6 +90,19 @@ def bind_arguments(node: fx.Node) -> dict:
     return bound
 
 
+def is_reshape_as_strided(node: fx.Node) -> bool:
+    """An as_strided that reads its contiguous source in order, from its start, in a contiguous
+    layout: a reshape (Inductor's GroupNorm decomposition writes its per-channel scale so)."""
+    source, out = node.args[0], node.meta.get("val")
+    val = source.meta.get("val") if isinstance(source, fx.Node) else None
+    if not isinstance(val, torch.Tensor) or not isinstance(out, torch.Tensor) or not val.is_contiguous():
+        return False
+    bound = bind_arguments(node)
+    offset = bound.get("storage_offset")
+    return (offset in (None, 0) and out.numel() == val.numel() and out.is_contiguous()
+            and tuple(bound["stride"]) == tuple(out.stride()))
+
+
 def is_random(node: fx.Node) -> bool:
     """Tagged random and not an attention op with dropout_p == 0 (they carry the tag for
     dropout, as GPT-2's and BERT's inference graphs call them)."""
@@ -189,7 +202,7 @@ def classify(node: fx.Node) -> Claim:
         return Claim("softmax")
     if target in NORM_OPS:
         return Claim("norm")
-    if target in VIEW_OPS:
+    if target in VIEW_OPS or (target is aten.as_strided.default and is_reshape_as_strided(node)):
         return Claim("view")
     if torch.Tag.pointwise in tags:
         if not _arg_nodes(node):
@@ -391,9 +404,11 @@ class _Partitioner:
         self.add_group(kind, members)
 
     def view_to_pointwise(self, node: fx.Node) -> bool:
-        """A view whose users are all pointwise: in a reduction's epilogue it leads on to them
-        (logsumexp squeezes its max before adding it to the log of the sum)."""
-        return self.kind(node) == "view" and bool(node.users) and all(self.kind(u) == "pointwise" for u in node.users)
+        """A view whose users are all pointwise, or views that lead on to pointwise work: in a
+        reduction's epilogue it leads on to them (logsumexp squeezes its max before adding it to
+        the log of the sum; GroupNorm reshapes its per-group scale to one per channel)."""
+        return self.kind(node) == "view" and bool(node.users) and all(
+            self.kind(u) == "pointwise" or self.view_to_pointwise(u) for u in node.users)
 
     def pointwise_chain(self, node: fx.Node) -> None:
         members, frontier = {node}, [node]

@@ -75,3 +75,28 @@ def test_logsumexp_is_one_group_through_the_view_of_its_max():
     groups = partition(_graph(logsumexp, torch.randn(4, 16)))
     assert len(groups) == 1 and groups[0].kind == "reduction"
     assert {"amax", "sum", "log", "squeeze", "add"} <= set(_ops(groups[0]))
+
+
+def _as_strided_reshape(x, w):
+    """What Inductor's GroupNorm decomposition writes: a per-group value reshaped to one per
+    channel by as_strided, then broadcast over x."""
+    scale = x.reshape(2, 4, 4, 30).var(dim=(2, 3), keepdim=True) * w.reshape(1, 4, 4, 1)
+    return x * torch.as_strided(scale, [2, 16], [16, 1]).unsqueeze(2).unsqueeze(3)
+
+
+def test_an_as_strided_reshape_is_a_view_and_leads_a_reduction_on_to_its_epilogue():
+    g = _graph(_as_strided_reshape, torch.randn(2, 16, 5, 6), torch.randn(16))
+    (node,) = [n for n in g.nodes if n.target is torch.ops.aten.as_strided.default]
+    assert classify(node).kind == "view"
+    groups = partition(g)
+    assert [gr.kind for gr in groups] == ["reduction"]
+    assert {"var", "as_strided", "unsqueeze", "mul"} <= set(_ops(groups[0]))
+
+
+def test_an_as_strided_that_is_no_reshape_is_no_view():
+    g = _graph(lambda x: torch.as_strided(x, [4, 4], [1, 4]) * 2, torch.randn(16))  # a transpose
+    (node,) = [n for n in g.nodes if n.target is torch.ops.aten.as_strided.default]
+    assert classify(node).kind is None
+    g = _graph(lambda x: torch.as_strided(x, [8], [1], 8) * 2, torch.randn(16))  # from an offset
+    (node,) = [n for n in g.nodes if n.target is torch.ops.aten.as_strided.default]
+    assert classify(node).kind is None

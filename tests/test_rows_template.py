@@ -28,6 +28,7 @@ from skills.rows import propose, supports
 from skills.rows.candidates import launch_configs, model_source, tag
 from skills.rows.codegen import Launch, kernel_source, shared_bytes
 from skills.rows.plan import build_plan
+from skills.rows.placement import refine, runs
 
 f32, f16, bf16 = torch.float32, torch.float16, torch.bfloat16
 
@@ -87,6 +88,8 @@ CASES = {
                            lambda shape: lambda dtype, device: [_randn(shape, dtype, device),
                                                                 _randn(shape, dtype, device, seed=1)], (8, 1000)),
     "batchnorm": (lambda dt: nn.BatchNorm2d(8, dtype=dt), _one, (4, 8, 5, 7)),  # over (N, H, W), training
+    # over (C/G, H, W) of x seen as (N, G, C/G, H * W), scale and shift per channel of x itself
+    "groupnorm": (lambda dt: nn.GroupNorm(4, 16, dtype=dt), _one, (2, 16, 5, 6)),
     "softmax_transposed": (lambda dt: nn.Softmax(-1),
                            lambda shape: lambda dtype, device: [_randn(shape[::-1], dtype, device).t()], (8, 1000)),
 }
@@ -261,7 +264,6 @@ def test_cross_entropy_gives_a_log_softmax_and_a_masked_mean():
 
 
 @pytest.mark.parametrize("model, inputs, reason", [
-    (nn.GroupNorm(4, 16), [_randn((2, 16, 5, 5), f32, "cpu")], "varies along part of the row elements only"),
     (Fn(lambda x: x.prod(-1)), [_randn((8, 64), f32, "cpu")], "op aten.prod.dim_int not supported"),
 ])
 def test_unsupported_tasks_say_why(model, inputs, reason):
@@ -283,8 +285,28 @@ def test_the_builtin_policy_proposes_the_rows_candidates():
     policy, task = BuiltinPolicy(), case_task("softmax", bf16)
     assert policy.why_not(task) is None
     assert [c.origin for c in policy.propose(task, [])] == [c.origin for c in propose(task)]
-    groupnorm = _on_cuda(traced_row_tasks(nn.GroupNorm(4, 16), [_randn((2, 16, 5, 5), f32, "cpu")])[0])
-    assert "rows: output 2 varies along part of the row elements only" in policy.why_not(groupnorm)
+    unsupported = _on_cuda(traced_row_tasks(Fn(lambda x: x.prod(-1)), [_randn((8, 64), f32, "cpu")])[0])
+    assert "rows: op aten.prod.dim_int not supported" in policy.why_not(unsupported)
+
+
+@pytest.mark.parametrize("dtype", [f32, bf16])
+def test_groupnorm_is_one_task_that_reads_x_once(dtype):
+    """Inductor's GroupNorm reads x as (N, G, C/G, H*W) for the statistics and as (N, C, H, W)
+    for the per-channel scale and shift (reshaped by as_strided): one task, on the space
+    (N, G, C/G, H, W), whose one access to x is held on chip between the passes."""
+    task = case_task("groupnorm", dtype)
+    assert "aten.as_strided.default" in task.ops and "aten.var_mean.correction" in task.ops
+    plan = build_plan(task)
+    assert (plan.outer, plan.inner) == ((2, 4), (4, 30))
+    x_reads = [k for k, a in enumerate(plan.accesses) if a.input == 0]
+    assert len(x_reads) == 1 and plan.stored == tuple(x_reads)
+
+
+def test_the_space_is_refined_only_where_reshapes_line_up():
+    assert refine((2, 4, 4, 30), [(2, 16, 5, 6)]) == (2, 4, 4, 5, 6)
+    assert runs((2, 4, 4, 5, 6), (2, 16, 5, 6)) == ((0,), (1, 2), (3,), (4,))
+    assert runs((2, 4, 4, 5, 6), (2, 4, 4, 1, 30)) == ((0,), (1,), (2,), None, (3, 4))
+    assert refine((2, 3), [(3, 2)]) is None  # 6 as 2 x 3 and 3 x 2: no common split
 
 
 def test_cpu_tasks_are_not_taken():

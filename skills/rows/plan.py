@@ -29,7 +29,7 @@ from skills.pointwise.ops import OP_RULES, OpArgs, Value
 from agent_backend.partition import bind_arguments
 from skills.pointwise.plan import graph_interface, meta_result
 
-from .placement import Placement, identity_axes, meta_shape, reduced_axes
+from .placement import Axes, Placement, meta_shape, reduced_axes, refine, runs, space_dims
 
 aten, prims = torch.ops.aten, torch.ops.prims
 
@@ -42,8 +42,12 @@ REDUCTIONS = {
 VIEWS = {
     aten.view.default, aten.reshape.default, aten._unsafe_view.default, aten.squeeze.dim, aten.squeeze.dims,
     aten.squeeze.default, aten.unsqueeze.default, aten.expand.default, aten.permute.default, aten.t.default,
-    aten.transpose.int,
+    aten.transpose.int, aten.as_strided.default,
 }
+# Views that keep row-major order (a reshape): a node the reductions read through these alone
+# may refine the iteration space (placement.refine).
+RESHAPES = {aten.view.default, aten.reshape.default, aten._unsafe_view.default, aten.squeeze.dim, aten.squeeze.dims,
+            aten.squeeze.default, aten.unsqueeze.default, aten.as_strided.default}
 CONVERSIONS = {prims.convert_element_type.default, aten._to_copy.default}
 COMPUTE_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.bool)
 # The value each partial reduction starts from (sums accumulate in double: codegen.ACCUMULATOR).
@@ -135,21 +139,32 @@ class _Builder:
     # -- the graph -----------------------------------------------------------------------
     def build(self) -> RowPlan:
         self._evaluate()
-        space, dims = self._rows()
-        placement = self._place(space, dims)
-        per_row = {n: not any(a in dims for a in placement.axes[n] if a is not None) for n in placement.axes}
+        read_shape, read_dims = self._rows()
+        space, read_axes, placed_inputs = self._space(read_shape)
+        dims = frozenset(space_dims(tuple(read_axes[d] for d in read_dims)))
+        placement = self._place(space, (read_shape, read_axes), read_dims, placed_inputs)
+        per_row = {n: not any(d in dims for d in space_dims(placement.axes[n])) for n in placement.axes}
         used_inputs = [n for n in self.nodes if n in self.sources and any(u not in self.sources for u in n.users)]
         if not used_inputs:
             raise Unsupported("the task reads no input")
         outer, inner, strides, primary = self._layout(space, dims, placement, per_row, used_inputs)
-        accesses = tuple(Access(self.sources[n], o, i, per_row[n]) for n, (o, i) in zip(used_inputs, strides))
-        program = _Program(self, placement, per_row, {n: k for k, n in enumerate(used_inputs)}, space, dims)
+        # one access per distinct read: GroupNorm reads x as itself and through the view the
+        # reductions read, the same elements in the same order
+        unique: list[Access] = []
+        access_of = {}
+        for n, (o, i) in zip(used_inputs, strides):
+            access = Access(self.sources[n], o, i, per_row[n])
+            if access not in unique:
+                unique.append(access)
+            access_of[n] = unique.index(access)
+        accesses = tuple(unique)
+        program = _Program(self, placement, per_row, access_of, space, dims)
         outputs = tuple(Output(spec, o, i, program.var(node), per_row[node]) for spec, node, (o, i) in zip(
-            self.task.outputs, self.out_nodes, strides[len(accesses):]))
+            self.task.outputs, self.out_nodes, strides[len(used_inputs):]))
         passes, prelude, epilogue = program.passes(self.out_nodes)
         reads = [set(p.reads) for p in passes] + [set(epilogue.reads)]
         stored = tuple(k for k in range(len(accesses)) if sum(k in r for r in reads) > 1)
-        first = accesses[primary]
+        first = accesses[access_of[primary]]
         along = first.inner[-1] == 1 or first.outer[-1] != 1
         width = self._vector_width(inner, accesses, outputs) if along else 1
         wide = math.prod(space) >= 2**30 or any(s.storage_elements() >= 2**31 for s in self.task.inputs + self.task.outputs)
@@ -158,7 +173,7 @@ class _Builder:
 
     def _layout(self, space, dims, placement: Placement, per_row: dict[Node, bool], used_inputs: list[Node]):
         """Coalesced outer and inner sizes; (outer, inner) strides of each used input, then of each
-        output; the index of the input whose memory order set the order of the dims."""
+        output; the input node whose memory order set the order of the dims."""
         # The largest input read per element (any input, for rows of one element) sets the dim
         # order: consecutive rows, and the elements of a row, then run along its memory.
         primary = max([n for n in used_inputs if not per_row[n]] or used_inputs,
@@ -175,7 +190,7 @@ class _Builder:
             outer_strides = [(0,) for _ in outer_strides]
         inner, inner_strides = coalesce(tuple(space[d] for d in inner_dims),
                                         [tuple(st[d] for d in inner_dims) for st in strides])
-        return outer, inner, list(zip(outer_strides, inner_strides)), used_inputs.index(primary)
+        return outer, inner, list(zip(outer_strides, inner_strides)), primary
 
     def _evaluate(self) -> None:
         """Meta value of every node; views of inputs are recorded as input nodes."""
@@ -190,6 +205,8 @@ class _Builder:
             elif node.target in VIEWS:
                 self.metas[node] = _call_on_meta(node, self.metas)
                 source = node.args[0]
+                if node.target is aten.as_strided.default and not _is_reshape(self.metas[source], self.metas[node]):
+                    raise Unsupported(f"{node.name} is an as_strided that is no reshape")
                 if source in self.sources:
                     if not self.metas[node]._is_view():
                         raise Unsupported(f"{node.name} copies input {self.sources[source]} (no view has its shape)")
@@ -214,13 +231,36 @@ class _Builder:
             raise Unsupported("the reduced tensor is empty")
         return space, dims
 
-    def _place(self, space: tuple[int, ...], dims: frozenset[int]) -> Placement:
-        shapes = {n: meta_shape(v) for n, v in self.metas.items() if isinstance(v, torch.Tensor)}
-        placement = Placement(space, shapes)
+    def _space(self, read_shape: tuple[int, ...]) -> tuple[tuple[int, ...], Axes, dict[Node, Axes]]:
+        """The iteration space, the runs of it the reduced shape's dims span, and the axes of the
+        nodes that refined it: the reduced shape itself unless the reductions read a node through
+        reshapes that split its dims further (GroupNorm's (N, G, C/G, H*W) of x)."""
+        trivial = (read_shape, tuple((d,) if n != 1 else None for d, n in enumerate(read_shape)), {})
+        sources = {}  # what the reductions read through reshapes: an input, or a value (bf16 x cast up)
         for r in self.reductions:
-            placement.fix(r.args[0], identity_axes(space))
+            node = r.args[0]
+            while node.op == "call_function" and node.target in RESHAPES:
+                node = node.args[0]
+            if node is not r.args[0]:
+                sources[node] = meta_shape(self.metas[node])
+        non_unit = lambda shape: [n for n in shape if n != 1]  # noqa: E731
+        if all(non_unit(shape) == non_unit(read_shape) for shape in sources.values()):
+            return trivial
+        space = refine(read_shape, list(sources.values()))
+        if space is None:
+            return trivial  # the placement says what it cannot place
+        return space, runs(space, read_shape), {p: runs(space, shape) for p, shape in sources.items()}
+
+    def _place(self, space: tuple[int, ...], read: tuple[tuple[int, ...], Axes], read_dims: frozenset[int],
+               placed_inputs: dict[Node, Axes]) -> Placement:
+        shapes = {n: meta_shape(v) for n, v in self.metas.items() if isinstance(v, torch.Tensor)}
+        placement = Placement(space, read, shapes)
+        for node, axes in placed_inputs.items():
+            placement.fix(node, axes)
+        for r in self.reductions:
+            placement.fix(r.args[0], read[1])
             keep = bool(bind_arguments(r).get("keepdim", False))
-            result = reduced_axes(space, tuple(sorted(dims)), keep)
+            result = reduced_axes(read[1], tuple(sorted(read_dims)), keep)
             for n in [r] + [u for u in r.users if u.target is operator.getitem]:
                 if n in shapes:
                     placement.fix(n, result)
@@ -246,11 +286,7 @@ class _Builder:
 
     def _strides(self, node: Node, axes, space: tuple[int, ...]) -> tuple[int, ...]:
         """Strides of an input node's elements over the dims of `space` (0 where it repeats)."""
-        strides = [0] * len(space)
-        for a, st in zip(axes, self.metas[node].stride()):
-            if a is not None:
-                strides[a] = st
-        return tuple(strides)
+        return _over_space(axes, self.metas[node].stride(), space)
 
     def _output_strides(self, k: int, node: Node, axes, space, dims, per_row: bool) -> tuple[int, ...]:
         spec, meta = self.task.outputs[k], self.metas[node]
@@ -261,13 +297,9 @@ class _Builder:
         if not is_dense(spec.shape, spec.stride):
             raise Unsupported(f"output {k} strides {spec.stride} are not a dense layout")
         covers = {d for d in range(len(space)) if space[d] != 1 and (per_row is False or d not in dims)}
-        if {a for a in axes if a is not None} != covers:
+        if set(space_dims(axes)) != covers:
             raise Unsupported(f"output {k} varies along part of the {'rows' if per_row else 'row elements'} only")
-        strides = [0] * len(space)
-        for a, st in zip(axes, spec.stride):
-            if a is not None:
-                strides[a] = st
-        return tuple(strides)
+        return _over_space(axes, spec.stride, space)
 
     def _vector_width(self, inner, accesses, outputs) -> int:
         # vector_width's sizes get a leading 2 so that it never allows a scalar tail: every
@@ -414,6 +446,23 @@ class _Program:
         reads = tuple(sorted(self.access_of[n] for n in ordered if n in self.access_of))
         body = tuple(line for n in ordered for line in self.statements[n])
         return reads, body
+
+
+def _over_space(axes: Axes, strides, space: tuple[int, ...]) -> tuple[int, ...]:
+    """Strides over the dims of `space` of a tensor of `strides` placed at `axes` (0 where it
+    repeats): a dim spanning a run of space dims steps through them row-major."""
+    out = [0] * len(space)
+    for run, stride in zip(axes, strides):
+        for d in reversed(run or ()):
+            out[d] = stride
+            stride *= space[d]
+    return tuple(out)
+
+
+def _is_reshape(source, view) -> bool:
+    """An as_strided `view` of `source` that reads it in order from its start (a reshape)."""
+    return (source.is_contiguous() and view.is_contiguous() and view.numel() == source.numel()
+            and view.storage_offset() == source.storage_offset())
 
 
 def _call_on_meta(node: Node, metas: dict) -> object:
