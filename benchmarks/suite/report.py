@@ -105,8 +105,8 @@ def _vs_inductor_cell(row: dict) -> str:
     ours, inductor = row["ms"]["ours"], row["ms"]["inductor"]
     if ours.get("host_median", 0.0) <= ours["median"]:
         return f"{row['vs_inductor']:.2f}x"
-    return (f"{row['vs_inductor']:.2f}x (host-bound: host {_ms(ours['host_median'])} / {_ms(inductor['host_median'])} ms,"
-            f" paced {_paced_ms(inductor) / _paced_ms(ours):.2f}x)")
+    hosts = f"{_ms(ours['host_median'])} / {_ms(inductor['host_median'])}"
+    return f"{row['vs_inductor']:.2f}x (host-bound: host {hosts} ms, paced {_paced_ms(inductor) / _paced_ms(ours):.2f}x)"
 
 
 def _compile_cell(seconds: dict) -> str:

@@ -12,7 +12,6 @@ such calls would wait on the host. On the CPU (the dry run) calls are timed with
 """
 from __future__ import annotations
 
-import statistics
 from typing import Callable
 
 import torch
