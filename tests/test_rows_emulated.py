@@ -63,6 +63,10 @@ LONG = {
     "warps_per_row": (lambda: resized(case_task("rmsnorm", f32), (3, 1000), (1000,)), Launch(128, 2, 4)),
     "row_of_one": (lambda: resized(case_task("layernorm", f32), (8, 1), (1,), (1,)), Launch(1, 32, 1)),
     "masked_mean": (lambda: _cross_entropy_tasks()[1], Launch(4, 8, 1)),
+    # GroupNorm on odd sizes: H * W = 63 (no vectors), H * W = 1 (rows of C/G elements), a cluster
+    "groupnorm_odd": (lambda: case_task("groupnorm", f16, (3, 16, 7, 9)), Launch(32, 1, 1)),
+    "groupnorm_1x1": (lambda: case_task("groupnorm", bf16, (5, 16, 1, 1)), Launch(4, 8, 1)),
+    "groupnorm_cluster": (lambda: case_task("groupnorm", f32, (2, 16, 16, 16)), Launch(64, 1, 4, "registers", 4)),
 }
 
 

@@ -24,9 +24,9 @@ f32, f16, bf16 = torch.float32, torch.float16, torch.bfloat16
 
 
 @functools.cache
-def gpu_task(name: str, dtype: torch.dtype) -> Task:
-    model, inputs, shape = CASES[name]
-    (task,) = traced_row_tasks(model(dtype).to("cuda"), inputs(shape)(dtype, "cuda"))
+def gpu_task(name: str, dtype: torch.dtype, shape: tuple[int, ...] | None = None) -> Task:
+    model, inputs, default = CASES[name]
+    (task,) = traced_row_tasks(model(dtype).to("cuda"), inputs(shape or default)(dtype, "cuda"))
     return task
 
 
@@ -95,6 +95,16 @@ SHAPES = [
 @pytest.mark.parametrize("name, dtype, shapes", SHAPES, ids=lambda v: str(v))
 def test_shapes(env, name, dtype, shapes):
     task = resized(gpu_task(name, dtype), *shapes)
+    _assert_candidates_match_eager(task, random_inputs(task.inputs, 0, scale=2.0, device="cuda"))
+    _assert_all_pass(env, task)
+
+
+@pytest.mark.parametrize("dtype, shape", [(f16, (3, 16, 7, 9)), (bf16, (5, 16, 1, 1)), (f32, (2, 16, 64, 64)),
+                                          (bf16, (4, 16, 128, 128))], ids=str)
+def test_groupnorm_shapes(env, dtype, shape):
+    """GroupNorm traces with its shapes written into its reshapes, so each size is traced anew:
+    rows without vectors (H * W = 63), rows of C/G elements (H * W = 1), long rows (clusters)."""
+    task = gpu_task("groupnorm", dtype, shape)
     _assert_candidates_match_eager(task, random_inputs(task.inputs, 0, scale=2.0, device="cuda"))
     _assert_all_pass(env, task)
 
