@@ -20,12 +20,14 @@
 #   benchmarks/gpu_session.sh dispatch       # host cost per call of the launch op and of run_winner, a tiny
 #                                            # graph with our kernel under CUDA graphs against Inductor's,
 #                                            # and one round of the llm policy's transformers engine
+#   benchmarks/gpu_session.sh flush          # what the timing's L2 flush (a write) costs a short kernel,
+#                                            # against a read flush and none (benchmarks/flush_effect.py)
 #
 # Each test file runs in a process of its own, so a crash (the launch op's segfault on the
 # H100 machine, 2026-11-23) costs that file only, and its exit status is recorded.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-phase=${1:?"usage: $0 tests|in-context|transformers|models|level1|gate|dispatch"}
+phase=${1:?"usage: $0 tests|in-context|transformers|models|level1|gate|dispatch|flush"}
 out=${OUT:-benchmarks/results/session-$(date +%F)}
 mkdir -p "$out"
 gpu=$(python3 -c "import torch; print(torch.cuda.get_device_name(0))" 2>/dev/null || echo "no GPU")
@@ -97,8 +99,11 @@ case "$phase" in
     python3 benchmarks/reduce_overhead_tiny.py --out "$out/reduce_overhead_tiny.json"
     python3 benchmarks/llm_round.py >"$out/llm_round.json"
     ;;
+  flush)
+    python3 benchmarks/flush_effect.py --out "$out/flush_effect.json"
+    ;;
   *)
-    echo "unknown phase $phase: tests, in-context, transformers, models, level1, gate or dispatch" >&2
+    echo "unknown phase $phase: tests, in-context, transformers, models, level1, gate, dispatch or flush" >&2
     exit 2
     ;;
 esac
