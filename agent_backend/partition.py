@@ -90,17 +90,19 @@ def bind_arguments(node: fx.Node) -> dict:
     return bound
 
 
+def is_reshape(source: torch.Tensor, view: torch.Tensor) -> bool:
+    """`view` (an as_strided of `source`) reads its contiguous source in order, from its start, in
+    a contiguous layout: a reshape. Shared with the rows plan, which checks its own meta values."""
+    return (source.is_contiguous() and view.is_contiguous() and view.numel() == source.numel()
+            and view.storage_offset() == source.storage_offset())
+
+
 def is_reshape_as_strided(node: fx.Node) -> bool:
-    """An as_strided that reads its contiguous source in order, from its start, in a contiguous
-    layout: a reshape (Inductor's GroupNorm decomposition writes its per-channel scale so)."""
+    """An as_strided that is a reshape (Inductor's GroupNorm decomposition writes its per-channel
+    scale so)."""
     source, out = node.args[0], node.meta.get("val")
     val = source.meta.get("val") if isinstance(source, fx.Node) else None
-    if not isinstance(val, torch.Tensor) or not isinstance(out, torch.Tensor) or not val.is_contiguous():
-        return False
-    bound = bind_arguments(node)
-    offset = bound.get("storage_offset")
-    return (offset in (None, 0) and out.numel() == val.numel() and out.is_contiguous()
-            and tuple(bound["stride"]) == tuple(out.stride()))
+    return isinstance(val, torch.Tensor) and isinstance(out, torch.Tensor) and is_reshape(val, out)
 
 
 def is_random(node: fx.Node) -> bool:

@@ -26,7 +26,7 @@ from skills.pointwise.dtypes import dtype_info, literal
 from skills.pointwise.errors import Unsupported
 from skills.pointwise.layout import coalesce, is_dense, vector_width
 from skills.pointwise.ops import OP_RULES, OpArgs, Value
-from agent_backend.partition import bind_arguments
+from agent_backend.partition import bind_arguments, is_reshape
 from skills.pointwise.plan import graph_interface, meta_result
 
 from .placement import Axes, Placement, meta_shape, reduced_axes, refine, runs, space_dims
@@ -44,10 +44,9 @@ VIEWS = {
     aten.squeeze.default, aten.unsqueeze.default, aten.expand.default, aten.permute.default, aten.t.default,
     aten.transpose.int, aten.as_strided.default,
 }
-# Views that keep row-major order (a reshape): a node the reductions read through these alone
-# may refine the iteration space (placement.refine).
-RESHAPES = {aten.view.default, aten.reshape.default, aten._unsafe_view.default, aten.squeeze.dim, aten.squeeze.dims,
-            aten.squeeze.default, aten.unsqueeze.default, aten.as_strided.default}
+# Views that keep row-major order (a reshape; as_strided only where it is one): a node the
+# reductions read through these alone may refine the iteration space (placement.refine).
+RESHAPES = VIEWS - {aten.expand.default, aten.permute.default, aten.t.default, aten.transpose.int}
 CONVERSIONS = {prims.convert_element_type.default, aten._to_copy.default}
 COMPUTE_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.bool)
 # The value each partial reduction starts from (sums accumulate in double: codegen.ACCUMULATOR).
@@ -205,7 +204,7 @@ class _Builder:
             elif node.target in VIEWS:
                 self.metas[node] = _call_on_meta(node, self.metas)
                 source = node.args[0]
-                if node.target is aten.as_strided.default and not _is_reshape(self.metas[source], self.metas[node]):
+                if node.target is aten.as_strided.default and not is_reshape(self.metas[source], self.metas[node]):
                     raise Unsupported(f"{node.name} is an as_strided that is no reshape")
                 if source in self.sources:
                     if not self.metas[node]._is_view():
@@ -235,7 +234,7 @@ class _Builder:
         """The iteration space, the runs of it the reduced shape's dims span, and the axes of the
         nodes that refined it: the reduced shape itself unless the reductions read a node through
         reshapes that split its dims further (GroupNorm's (N, G, C/G, H*W) of x)."""
-        trivial = (read_shape, tuple((d,) if n != 1 else None for d, n in enumerate(read_shape)), {})
+        trivial = (read_shape, runs(read_shape, read_shape), {})
         sources = {}  # what the reductions read through reshapes: an input, or a value (bf16 x cast up)
         for r in self.reductions:
             node = r.args[0]
@@ -457,12 +456,6 @@ def _over_space(axes: Axes, strides, space: tuple[int, ...]) -> tuple[int, ...]:
             out[d] = stride
             stride *= space[d]
     return tuple(out)
-
-
-def _is_reshape(source, view) -> bool:
-    """An as_strided `view` of `source` that reads it in order from its start (a reshape)."""
-    return (source.is_contiguous() and view.is_contiguous() and view.numel() == source.numel()
-            and view.storage_offset() == source.storage_offset())
 
 
 def _call_on_meta(node: Node, metas: dict) -> object:
