@@ -161,6 +161,20 @@ def _fused_attention(node: fx.Node) -> Claim:
     return Claim("fused_attention")
 
 
+def _gather(node: fx.Node) -> Claim:
+    """A gather of float values by an integer index from outside: the epilogue of a reduction over
+    the gathered dim may take it (cross-entropy picks each row's target from its log-softmax)."""
+    source, index = node.args[0], node.args[2]
+    vals = [a.meta.get("val") if isinstance(a, fx.Node) else None for a in (source, index)] + [node.meta.get("val")]
+    if not all(isinstance(v, torch.Tensor) for v in vals):
+        return Claim(None, "aten.gather.default has no tensor metadata")
+    if not _is_float_or_bool(vals[0]) or vals[1].dtype not in (torch.int64, torch.int32):
+        return Claim(None, "aten.gather.default takes a float source and an int32/int64 index here only")
+    if any(not isinstance(s, int) for v in vals for s in v.shape):
+        return Claim(None, "aten.gather.default has a dynamic shape")
+    return Claim("gather")
+
+
 def classify(node: fx.Node) -> Claim:
     """Who may claim `node`, and if nobody, why not. Pure: reads the node, its inputs and (for a
     fused attention call) which of its outputs are used."""
@@ -177,6 +191,8 @@ def classify(node: fx.Node) -> Claim:
     tags = set(target.tags)
     if target in FUSED_ATTENTION_OPS:
         return _fused_attention(node)
+    if target is aten.gather.default:
+        return _gather(node)
     if torch.Tag.nondeterministic_seeded in tags:
         return Claim(None, f"{name} is random")
     if target is aten.full.default and _is_float_or_bool(node.meta.get("val")) and all(
@@ -268,6 +284,16 @@ def _is_trivial_reduction(node: fx.Node) -> bool:
         return False
     shape, dims = rows
     return bool(dims) and all(shape[d] == 1 for d in dims)
+
+
+def _gathers_one_per_row(node: fx.Node, rows: tuple) -> bool:
+    """A gather of one element from each of the rows a reduction reduces (`rows`: its input shape
+    and reduced dims): it takes a place in the reduction's group as one more per-row result."""
+    shape, dims = rows
+    source, dim, index = node.args[:3]
+    if tuple(source.meta["val"].shape) != shape or not shape or dims != (dim % len(shape),):
+        return False
+    return tuple(index.meta["val"].shape) == tuple(1 if d == dims[0] else n for d, n in enumerate(shape))
 
 
 def _reduces_last_dim(node: fx.Node) -> bool:
@@ -401,8 +427,11 @@ class _Partitioner:
     def anchor(self, node: fx.Node, kind: str) -> None:
         rows = _reduced_rows(node) if kind == "reduction" else None
         members = {node}
+        def same_rows(u: fx.Node) -> bool:  # the reduction's row work: more reductions, views, a gather
+            return ((self.kind(u) == "reduction" and _reduced_rows(u) == rows) or self.view_to_pointwise(u)
+                    or (self.kind(u) == "gather" and _gathers_one_per_row(u, rows)))
         self.grow(members, lambda u: self.pointwise_epilogue(u) or (kind == "matmul" and self.reshaped_epilogue(u)) or (
-            rows is not None and ((self.kind(u) == "reduction" and _reduced_rows(u) == rows) or self.view_to_pointwise(u))))
+            rows is not None and same_rows(u)))
         self.add_group(kind, members)
 
     def view_to_pointwise(self, node: fx.Node) -> bool:

@@ -36,6 +36,9 @@ class TensorSpec:
     stride: tuple[int, ...]
     dtype: str
     device: str  # device type: "cuda" or "cpu"
+    # Integer inputs that index a dim (a gather's index): random draws lie in [0, high). Without
+    # it an integer input is drawn as zeros, in bounds of anything it could index.
+    high: int | None = None
 
     @classmethod
     def of(cls, t: torch.Tensor) -> "TensorSpec":
@@ -55,11 +58,12 @@ class TensorSpec:
         return self.storage_elements() * self.torch_dtype.itemsize
 
     def to_json(self) -> dict:
-        return {"shape": list(self.shape), "stride": list(self.stride), "dtype": self.dtype, "device": self.device}
+        d = {"shape": list(self.shape), "stride": list(self.stride), "dtype": self.dtype, "device": self.device}
+        return d if self.high is None else {**d, "high": self.high}
 
     @classmethod
     def from_json(cls, d: dict) -> "TensorSpec":
-        return cls(tuple(d["shape"]), tuple(d["stride"]), d["dtype"], d["device"])
+        return cls(tuple(d["shape"]), tuple(d["stride"]), d["dtype"], d["device"], d.get("high"))
 
 
 def random_tensor(spec: TensorSpec, generator: torch.Generator, *, scale: float = 1.0,
@@ -69,7 +73,9 @@ def random_tensor(spec: TensorSpec, generator: torch.Generator, *, scale: float 
     candidate is checked on a dozen or more fresh input sets. `binary`: 0s and 1s instead (what
     masks and counts hold: `mask == 0` is never true of normal draws)."""
     n, device = spec.storage_elements(), generator.device
-    if spec.dtype == "bool" or binary:
+    if spec.high is not None:  # indices: every value in bounds, each one possible
+        flat = torch.randint(0, spec.high, (n,), generator=generator, dtype=spec.torch_dtype, device=device)
+    elif spec.dtype == "bool" or binary:
         flat = (torch.rand(n, generator=generator, device=device) > 0.5).to(spec.torch_dtype)
     elif not spec.torch_dtype.is_floating_point:
         # Integers are indices (a whole graph's token ids, say): 0 is in bounds of any non-empty dim.

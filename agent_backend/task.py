@@ -18,6 +18,8 @@ import torch.fx as fx
 from .partition import Group, classify, constant_nodes, is_constant
 from .specs import Task, TensorSpec
 
+aten = torch.ops.aten
+
 PROGRAM_HEADER = '''import torch
 import torch.nn as nn
 
@@ -34,9 +36,11 @@ _INPUT_SPECS = {specs}
 _DEVICE = {device!r}
 
 
-def _random_tensor(shape, stride, dtype):
+def _random_tensor(shape, stride, dtype, high):
     n = 1 + sum((size - 1) * st for size, st in zip(shape, stride)) if all(shape) else 0
-    if dtype == torch.bool:
+    if high is not None:  # indices into a dim of size high
+        flat = torch.randint(0, high, (n,), device=_DEVICE, dtype=dtype)
+    elif dtype == torch.bool:
         flat = torch.rand(n, device=_DEVICE) > 0.5
     elif not dtype.is_floating_point:  # indices: 0 is in bounds of any non-empty dim
         flat = torch.zeros(n, device=_DEVICE, dtype=dtype)
@@ -46,7 +50,7 @@ def _random_tensor(shape, stride, dtype):
 
 
 def get_inputs():
-    return [_random_tensor(shape, stride, dtype) for shape, stride, dtype in _INPUT_SPECS]
+    return [_random_tensor(*spec) for spec in _INPUT_SPECS]
 
 
 def get_init_inputs():
@@ -114,11 +118,31 @@ def _constants(group: Group) -> list[fx.Node]:
     return [n for n in group.nodes[0].graph.nodes if n in found]
 
 
-def _spec(node: fx.Node) -> TensorSpec:
+def _spec(node: fx.Node, high: int | None = None) -> TensorSpec:
     val = node.meta.get("val")
     if not isinstance(val, torch.Tensor):
         raise UnsupportedGroup(f"{node.name} is not a single tensor")
-    return TensorSpec.of(val)
+    spec = TensorSpec.of(val)
+    return spec if high is None else TensorSpec(spec.shape, spec.stride, spec.dtype, spec.device, high)
+
+
+def _index_bound(node: fx.Node, nodes: list[fx.Node]) -> int | None:
+    """For an integer input that `nodes` use only as a gather's index: the size of the dim it
+    indexes (random inputs for the task must lie in bounds, and zeros would not tell a kernel
+    that gathers the right element from one that reads the first)."""
+    val = node.meta.get("val")
+    if not isinstance(val, torch.Tensor) or val.dtype.is_floating_point or val.dtype == torch.bool:
+        return None
+    members = set(nodes)
+    sizes = set()
+    for user in node.users:
+        if user not in members:
+            continue
+        if user.target is not aten.gather.default or user.args[2] is not node or user.args[0] is node:
+            return None
+        source = user.args[0].meta["val"]
+        sizes.add(source.shape[user.args[1] % source.dim()])
+    return sizes.pop() if len(sizes) == 1 else None
 
 
 def write_body(nodes: list[fx.Node], inputs: list[fx.Node], outputs: list[fx.Node], input_names: list[str],
@@ -179,7 +203,7 @@ def extract_task(group: Group) -> Task:
 def task_of_nodes(nodes: list[fx.Node], inputs: list[fx.Node], outputs: list[fx.Node], kind: str) -> Task:
     """The Task computing `outputs` from `inputs` (in this order) through `nodes` (in graph order,
     scalar constants included)."""
-    in_specs = tuple(_spec(n) for n in inputs)
+    in_specs = tuple(_spec(n, _index_bound(n, nodes)) for n in inputs)
     out_specs = tuple(_spec(n) for n in outputs)
     devices = {s.device for s in in_specs + out_specs}
     if len(devices) != 1:
@@ -187,7 +211,7 @@ def task_of_nodes(nodes: list[fx.Node], inputs: list[fx.Node], outputs: list[fx.
     body, ops = write_body(nodes, inputs, outputs, [f"in{i}" for i in range(len(inputs))], "torch.device(_DEVICE)")
     signature = ", ".join(["self"] + [f"in{i}" for i in range(len(inputs))])
     specs = "[\n" + "".join(
-        f"    ({s.shape!r}, {s.stride!r}, torch.{s.dtype}),\n" for s in in_specs) + "]"
+        f"    ({s.shape!r}, {s.stride!r}, torch.{s.dtype}, {s.high!r}),\n" for s in in_specs) + "]"
     program = (
         ("import operator\n" if "operator.getitem" in body else "")
         + PROGRAM_HEADER

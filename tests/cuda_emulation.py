@@ -16,7 +16,7 @@ import torch
 
 from agent_backend.specs import TensorSpec
 from skills.pointwise.codegen import CONVERSIONS
-from skills.pointwise.dtypes import dtype_info
+from skills.pointwise.dtypes import dtype_info, operand_info
 from skills.pointwise.ops import _FAST
 
 EMULATOR = Path(__file__).with_name("cuda_emulator")
@@ -92,7 +92,8 @@ def run(source: str, name: str, launch: tuple, inputs: list[torch.Tensor], outpu
     CPU `inputs`; the outputs (filled with NaN bytes first, so an unwritten element shows)."""
     grid, block, shared, cluster = (*launch, 1)[:4]
     block = tuple(block) + (1,) * (2 - len(block))
-    params = [f"reinterpret_cast<const {dtype_info(t.dtype).storage}*>(buffers[{k}].data())" for k, t in enumerate(inputs)]
+    params = [f"reinterpret_cast<const {operand_info(t.dtype).storage}*>(buffers[{k}].data())"
+              for k, t in enumerate(inputs)]
     params += [f"reinterpret_cast<{dtype_info(s.torch_dtype).storage}*>(buffers[{len(inputs) + k}].data())"
                for k, s in enumerate(outputs)]
     count = len(inputs) + len(outputs)

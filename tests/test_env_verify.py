@@ -253,3 +253,26 @@ def test_a_candidate_that_ignores_a_mask_is_refused(env):
     ev = evaluate(env, make_candidate("return a.clone()"), MASKED)
     assert ev.status == "incorrect", ev.reason
     assert evaluate(env, make_candidate("return a * (b != 0)"), MASKED).status == "passed"
+
+
+def _cross_entropy_losses():
+    """Cross-entropy's per-row losses as the partition cuts them: logits, the gather's index
+    (int64, drawn in bounds of the row), the mask of targets that count."""
+    import torch
+    import torch.nn.functional as F
+    from test_rows_template import Fn, traced_row_tasks
+    tasks = traced_row_tasks(Fn(lambda x, t: F.cross_entropy(x, t)), [torch.randn(32, 64), torch.arange(32) % 64])
+    return tasks[0]
+
+
+@pytest.mark.parametrize("body, status", [
+    ("return torch.where(m, -x.log_softmax(-1).gather(1, t).squeeze(1), 0.0)", "passed"),
+    ("return torch.where(m, -x.log_softmax(-1)[:, 0], 0.0)", "incorrect"),  # the first element, not the target's
+])
+def test_a_gather_is_verified_on_indices_over_the_whole_row(env, body, status):
+    """Integer inputs that index a row are drawn over it (as zeros, a kernel that reads the
+    first element would pass), and the verifier's blank inputs hold integers too."""
+    task = _cross_entropy_losses()
+    assert [s.dtype for s in task.inputs] == ["float32", "int64", "bool"] and task.inputs[1].high == 64
+    ev = evaluate(env, make_candidate(body, args="x, t, m"), task)
+    assert ev.status == status, ev.reason

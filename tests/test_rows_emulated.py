@@ -37,6 +37,15 @@ def test_every_proposed_launch_computes_the_task(name, dtype, tmp_path):
         _check(task, launch, tmp_path)
 
 
+@pytest.mark.parametrize("dtype", [f32, bf16])
+def test_cross_entropy_losses_gather_each_rows_target(dtype, tmp_path):
+    """Every launch of the per-row losses, on indices drawn over the whole row (seeds differ, so
+    a kernel reading the wrong element or the first would fail)."""
+    task = _cross_entropy_tasks(dtype, 6, 200)[0]
+    for seed, launch in enumerate(launch_configs(build_plan(task))):
+        _check(task, launch, tmp_path, seed)
+
+
 @pytest.mark.parametrize("name, dtype", BACKWARD)
 def test_backward_tasks_compute_their_gradients(name, dtype, tmp_path):
     for task in backward_tasks(name, dtype):
@@ -62,7 +71,9 @@ LONG = {
     "sub_warp_rows": (lambda: resized(case_task("amax_last", bf16), (64, 7)), Launch(4, 8, 1)),
     "warps_per_row": (lambda: resized(case_task("rmsnorm", f32), (3, 1000), (1000,)), Launch(128, 2, 4)),
     "row_of_one": (lambda: resized(case_task("layernorm", f32), (8, 1), (1,), (1,)), Launch(1, 32, 1)),
-    "masked_mean": (lambda: _cross_entropy_tasks()[1], Launch(4, 8, 1)),
+    "mean_of_losses": (lambda: _cross_entropy_tasks()[1], Launch(4, 8, 1)),
+    "cross_entropy_cluster": (lambda: _cross_entropy_tasks(bf16, 2, 3000)[0], Launch(64, 1, 8, "registers", 4)),
+    "cross_entropy_shared": (lambda: _cross_entropy_tasks(f32, 3, 2000)[0], Launch(64, 1, 4, "shared")),
     # GroupNorm on odd sizes: H * W = 63 (no vectors), H * W = 1 (rows of C/G elements), a cluster
     "groupnorm_odd": (lambda: case_task("groupnorm", f16, (3, 16, 7, 9)), Launch(32, 1, 1)),
     "groupnorm_1x1": (lambda: case_task("groupnorm", bf16, (5, 16, 1, 1)), Launch(4, 8, 1)),

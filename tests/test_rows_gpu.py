@@ -11,6 +11,7 @@ import functools
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from agent_backend.env import Environment, Timeouts
 from agent_backend.specs import Task, random_inputs
@@ -107,6 +108,17 @@ def test_groupnorm_shapes(env, dtype, shape):
     task = gpu_task("groupnorm", dtype, shape)
     _assert_candidates_match_eager(task, random_inputs(task.inputs, 0, scale=2.0, device="cuda"))
     _assert_all_pass(env, task)
+
+
+@pytest.mark.parametrize("dtype, rows, classes", [(bf16, 7, 32000), (f32, 3, 50257), (f16, 64, 1000)], ids=str)
+def test_cross_entropy_losses(env, dtype, rows, classes):
+    """Each row's loss, its target's log-probability gathered in the kernel: a vocabulary's rows,
+    an odd vocabulary (no vector access), many short rows; targets drawn over the whole row."""
+    inputs = [torch.randn(rows, classes, dtype=dtype, device="cuda"), torch.randint(0, classes, (rows,), device="cuda")]
+    losses = traced_row_tasks(Fn(lambda x, t: F.cross_entropy(x, t)), inputs)[0]
+    assert "aten.gather.default" in losses.ops and losses.inputs[1].high == classes
+    _assert_candidates_match_eager(losses, random_inputs(losses.inputs, 0, scale=2.0, device="cuda"))
+    _assert_all_pass(env, losses)
 
 
 def test_strided_rows_and_unaligned_inputs_take_the_scalar_fallback(env):

@@ -4,6 +4,7 @@ CUDA and Python it writes compile. Whether the kernels compute the right numbers
 test_rows_gpu.py's job (it reuses CASES and traced_row_tasks from here)."""
 from __future__ import annotations
 
+import dataclasses
 import functools
 import re
 import shutil
@@ -21,7 +22,7 @@ from agent_backend.env import float64
 from agent_backend.env.compare import compare_values
 from agent_backend.env.launch_spec import Arg
 from agent_backend.explain import tasks_of, trace_tasks
-from agent_backend.specs import Task, TensorSpec
+from agent_backend.specs import Task, TensorSpec, random_inputs
 from agent_backend.task import load_program
 from helpers import launch_spec_of
 from skills.rows import propose, supports
@@ -98,7 +99,7 @@ CASES = {
 def _on_cuda(task: Task) -> Task:
     """The task as if traced on a GPU (its specs are data: the tensors lived on the CPU)."""
     def cuda(s: TensorSpec) -> TensorSpec:
-        return TensorSpec(s.shape, s.stride, s.dtype, "cuda")
+        return dataclasses.replace(s, device="cuda")
     return Task(task.hash, task.program, tuple(map(cuda, task.inputs)), tuple(map(cuda, task.outputs)), task.ops,
                 task.kind, task.graph_module)
 
@@ -250,17 +251,50 @@ def test_plan_needs_no_node_metadata():
 
 
 @functools.cache
-def _cross_entropy_tasks() -> list[Task]:
+def _cross_entropy_tasks(dtype: torch.dtype = f32, rows: int = 8, classes: int = 64) -> list[Task]:
+    """Cross-entropy's two tasks: each row's loss (log-softmax, the target's entry), their mean."""
     model = Fn(lambda x, t: F.cross_entropy(x, t))
-    return [_on_cuda(t) for t in traced_row_tasks(model, [_randn((8, 64), f32, "cpu"), torch.arange(8) % 64])]
+    inputs = [_randn((rows, classes), dtype, "cpu"), torch.arange(rows) % classes]
+    return [_on_cuda(t) for t in traced_row_tasks(model, inputs)]
 
 
-def test_cross_entropy_gives_a_log_softmax_and_a_masked_mean():
-    log_softmax, nll = _cross_entropy_tasks()
-    assert supports(log_softmax) is None and supports(nll) is None
-    plan = build_plan(nll)
+def test_cross_entropy_is_a_loss_per_row_then_their_mean():
+    """The target's log-probability is gathered in the log-softmax's group, so no log-softmax of
+    the whole input is written (Inductor writes none either): each row's loss, then the mean."""
+    losses, mean = _cross_entropy_tasks()
+    assert supports(losses) is None and supports(mean) is None
+    assert "aten.gather.default" in losses.ops
+    x, index, mask = losses.inputs
+    assert (x.dtype, index.dtype, index.shape, index.high, mask.dtype) == ("float32", "int64", (8, 1), 64, "bool")
+    assert [o.shape for o in losses.outputs] == [(8,)]  # no (8, 64) log-softmax
+    plan = build_plan(losses)
+    assert (plan.rows, plan.row_length, len(plan.passes)) == (8, 64, 3)  # max, sum of exp, the gather
+    assert [a.per_row for a in plan.accesses] == [False, True, True]
+    assert "col == a1" in plan.passes[2].partials[0].source
+    plan = build_plan(mean)
     assert (plan.rows, plan.row_length) == (1, 8)
-    assert [a.per_row for a in plan.accesses] == [False, True, False]  # the divisor is a 0-dim input
+    assert [a.per_row for a in plan.accesses] == [False, True]  # the divisor is a 0-dim input
+
+
+def test_random_indices_of_a_gather_lie_in_its_dim():
+    index = _cross_entropy_tasks()[0].inputs[1]
+    drawn = torch.cat([random_inputs([index], seed, device="cpu")[0] for seed in range(4)])
+    assert drawn.dtype == torch.int64 and 0 <= drawn.min() and drawn.max() < 64 and len(drawn.unique()) > 16
+    namespace = load_program(_cross_entropy_tasks()[0].program.replace("'cuda'", "'cpu'"))
+    x, target, mask = namespace["get_inputs"]()
+    assert 0 <= target.min() and target.max() < 64 and len(target.unique()) > 1
+
+
+@pytest.mark.parametrize("fn, inputs", [
+    (lambda x, t: x.log_softmax(-1).gather(1, t) * 2, [_randn((8, 64), f32, "cpu"), torch.zeros(8, 2).long()]),
+    (lambda x, t: x.log_softmax(-1) + t, [_randn((8, 64), f32, "cpu"), torch.zeros(8, 1).long()]),
+])
+def test_a_gather_joins_a_row_group_only_for_one_element_a_row(fn, inputs):
+    """Two elements a row are no per-row value; an integer input used otherwise stays outside
+    (the partition claims no op on integers but a gather)."""
+    tasks = [_on_cuda(t) for t in traced_row_tasks(Fn(fn), inputs)]
+    assert all("aten.gather.default" not in t.ops for t in tasks)
+    assert all(s.dtype != "int64" for t in tasks for s in t.inputs)
 
 
 @pytest.mark.parametrize("model, inputs, reason", [
@@ -330,7 +364,8 @@ def test_launch_shapes_follow_the_row_length():
     assert _tags(resized(case_task("softmax", f32), (16, 393216))) == ["t1024r1v4sc8"]
     assert _tags(resized(case_task("softmax", bf16), (16, 393216))) == ["t1024r1v8c8", "t1024r1v8sc4"]
     # a sum streams: few long rows are split over a cluster, combined through its shared memory
-    assert _tags(resized(case_task("sum_last", f32), (1, 393216))) == ["t1024r1v4", "t1024r1v4c8"]
+    assert _tags(resized(case_task("sum_last", f32), (1, 393216))) == [
+        "t1024r1v4", "t1024r1v4c8", "t1024r1v4c4", "t512r1v4c8"]
     assert _tags(resized(case_task("sum_last", f32), (4096, 1000))) == ["t32r4v4", "t128r1v4"]
 
 

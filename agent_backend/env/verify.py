@@ -120,9 +120,9 @@ def structure_failure(outputs: list, n_expected: int) -> Failure | None:
 
 def blank_like(source: torch.Tensor) -> torch.Tensor:
     """A tensor with the layout (shape, strides, storage extent) of `source`, holding garbage
-    (NaN, or True for bool) until the candidate's inputs are written into it."""
+    (NaN, True for bool, -1 for integers: no index) until the candidate's inputs are written into it."""
     base = torch.empty(TensorSpec.of(source).storage_elements(), dtype=source.dtype, device=source.device)
-    base.fill_(True if source.dtype == torch.bool else float("nan"))
+    base.fill_(True if source.dtype == torch.bool else float("nan") if source.is_floating_point() else -1)
     return base.as_strided(source.shape, source.stride())
 
 

@@ -29,6 +29,12 @@ DTYPES: dict[torch.dtype, DtypeInfo] = {
     torch.float64: DtypeInfo("double", "double", "{}", "{}", "{}"),
     torch.bool: DtypeInfo("bool", "bool", "{}", "{}", "{}"),
 }
+# Indices (the rows template's gather reads them, compares them, never computes with them), so
+# apart from DTYPES, which says what the pointwise template computes in.
+INDEX_DTYPES: dict[torch.dtype, DtypeInfo] = {
+    torch.int64: DtypeInfo("long long", "long long", "{}", "{}", "{}"),
+    torch.int32: DtypeInfo("int", "int", "{}", "{}", "{}"),
+}
 
 # Bit patterns, so no header's INFINITY/NAN macros are needed.
 _SPECIALS = {
@@ -42,6 +48,11 @@ def dtype_info(dtype: torch.dtype) -> DtypeInfo:
     if info is None:
         raise Unsupported(f"dtype {dtype} not supported")
     return info
+
+
+def operand_info(dtype: torch.dtype) -> DtypeInfo:
+    """dtype_info, indices included (for kernels that read index inputs)."""
+    return INDEX_DTYPES.get(dtype) or dtype_info(dtype)
 
 
 def cast(expr: str, from_ctype: str, to_ctype: str) -> str:

@@ -15,7 +15,7 @@ from torch.fx.node import map_arg
 from agent_backend.partition import bind_arguments
 from agent_backend.specs import Task, TensorSpec
 
-from .dtypes import DtypeInfo, dtype_info
+from .dtypes import DtypeInfo, dtype_info, operand_info
 from .errors import Unsupported
 from .layout import broadcast_strides, coalesce, is_dense, memory_order, vector_width
 from .ops import OP_RULES, OpArgs, Value
@@ -81,7 +81,7 @@ def graph_interface(task: Task) -> tuple[list[Node], list[Node]]:
     for spec in task.inputs + task.outputs:
         if spec.device != "cuda":
             raise Unsupported(f"tensors must be on CUDA, not {spec.device}")
-        dtype_info(spec.torch_dtype)
+        operand_info(spec.torch_dtype)  # indices pass here; an op computing with one is refused
     placeholders = [n for n in task.graph_module.graph.nodes if n.op == "placeholder"]
     if len(placeholders) != len(task.inputs):
         raise Unsupported(f"graph has {len(placeholders)} inputs, task {len(task.inputs)}")

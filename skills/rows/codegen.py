@@ -26,7 +26,7 @@ import re
 from dataclasses import dataclass
 
 from skills.pointwise.codegen import CONVERSIONS
-from skills.pointwise.dtypes import dtype_info
+from skills.pointwise.dtypes import dtype_info, operand_info
 from skills.pointwise.ops import DEVICE_FUNCTIONS
 
 from .plan import IDENTITY, Partial, Pass, RowPlan
@@ -109,7 +109,8 @@ class _Writer:
     # -- the kernel ------------------------------------------------------------------------
     def source(self, name: str) -> str:
         plan = self.plan
-        params = ([f"const {dtype_info(s.torch_dtype).storage}* __restrict__ in{k}" for k, s in enumerate(plan.inputs)]
+        params = ([f"const {operand_info(s.torch_dtype).storage}* __restrict__ in{k}"
+                   for k, s in enumerate(plan.inputs)]
                   + [f"{dtype_info(o.spec.torch_dtype).storage}* __restrict__ out{k}" for k, o in enumerate(plan.outputs)])
         lines = self._thread_index() + self._bases() + self._row_reads() + list(plan.prelude) + self._load_stored()
         for p in plan.passes:
@@ -167,7 +168,7 @@ extern "C" __global__ void __launch_bounds__({self.launch.block}) {name}({", ".j
         lines = []
         for k, a in enumerate(self.plan.accesses):
             if a.per_row:
-                info = dtype_info(self.plan.inputs[a.input].torch_dtype)
+                info = operand_info(self.plan.inputs[a.input].torch_dtype)
                 lines.append(f"const {info.ctype} a{k} = row_ok ? {info.load.format(f'in{a.input}[a{k}_base]')} "
                              f": ({info.ctype})0;")
         return lines
@@ -249,14 +250,22 @@ extern "C" __global__ void __launch_bounds__({self.launch.block}) {name}({", ".j
                     f"{self._element(k, self._buffer(k) if k in self.plan.stored else f'l{k}')};"
                     for k in work.reads]
         inner = elements + list(work.body) + list(per_element_end)
+        if any(re.search(r"\bcol\b", line) for line in inner):  # a gather's test: the element's place in its row
+            inner.insert(0, "const idx_t col = j0 + v;")
         body = (reads + list(before) + ["#pragma unroll", f"for (int v = 0; v < {self.V}; ++v) {{"]
                 + ["  " + line for line in inner] + ["}"] + list(per_vector_end))
         return self._loop(body)
 
     def _pass(self, work: Pass) -> list[str]:
-        lines = [f"{ACCUMULATOR[p.combine]} {p.acc} = {IDENTITY[p.combine]};" for p in work.partials]
-        lines += self._sweep(work, [f"{p.acc} = {COMBINE[p.combine].format(a=p.acc, b=_operand(p))};"
-                                    for p in work.partials])
+        lines = [f"{accumulator(p)} {p.acc} = {IDENTITY[p.combine]};" for p in work.partials]
+        # Double sums take each vector's elements summed in fp32 (at most 8), one conversion a
+        # vector: conversions to double run at 1/8 of the fp32 rate, and a row's exp and
+        # conversions per element outlasted its memory time (cross-entropy over 32000 classes).
+        staged = [p for p in work.partials if accumulator(p) == "double" and self.V > 1]
+        per_element = [f"{p.acc} = {COMBINE[p.combine].format(a=p.acc, b=_operand(p))};"
+                       for p in work.partials if p not in staged] + [f"{p.acc}_v += {p.source};" for p in staged]
+        lines += self._sweep(work, per_element, [f"float {p.acc}_v = 0.0f;" for p in staged],
+                             [f"{p.acc} += (double){p.acc}_v;" for p in staged])
         lines += self._combine(work)
         return lines + list(work.after)
 
@@ -290,7 +299,7 @@ extern "C" __global__ void __launch_bounds__({self.launch.block}) {name}({", ".j
         lines = []
         for p in partials:
             i = self.partial_index[p.acc]
-            lines += [f"__shared__ {ACCUMULATOR[p.combine]} {declared(i)};", f"if ({writer}) {stored(i)} = {p.acc};"]
+            lines += [f"__shared__ {accumulator(p)} {declared(i)};", f"if ({writer}) {stored(i)} = {p.acc};"]
         lines.append(sync)
         for p in partials:
             i = self.partial_index[p.acc]
@@ -303,7 +312,7 @@ extern "C" __global__ void __launch_bounds__({self.launch.block}) {name}({", ".j
         lines = []
         for p in work.partials:
             i = self.partial_index[p.acc]
-            lines.append(f"__shared__ {ACCUMULATOR[p.combine]} red{i}[{self.T}][{self.R}];")
+            lines.append(f"__shared__ {accumulator(p)} red{i}[{self.T}][{self.R}];")
             lines.append(f"red{i}[t][slot] = {p.acc};")
         lines.append("__syncthreads();")
         for p in work.partials:
@@ -345,9 +354,14 @@ def _fold(p: Partial, first: str, index: str, count: int, item: str) -> list[str
             f"for (int {index} = 1; {index} < {count}; ++{index}) {p.acc} = {COMBINE[p.combine].format(a=p.acc, b=item)};"]
 
 
+def accumulator(p: Partial) -> str:
+    """The C type partial `p` accumulates in."""
+    return p.accumulator or ACCUMULATOR[p.combine]
+
+
 def _operand(p: Partial) -> str:
     """The value a partial accumulates, in its accumulator's type."""
-    return f"(double)({p.source})" if ACCUMULATOR[p.combine] == "double" else p.source
+    return f"(double)({p.source})" if accumulator(p) == "double" else p.source
 
 
 def _drop_unused(lines: list[str], names: list[str]) -> list[str]:

@@ -22,6 +22,7 @@ import torch
 from torch.fx import Node
 
 from agent_backend.specs import Task, TensorSpec
+from skills.pointwise import dtypes
 from skills.pointwise.dtypes import dtype_info, literal
 from skills.pointwise.errors import Unsupported
 from skills.pointwise.layout import coalesce, is_dense, vector_width
@@ -49,6 +50,7 @@ VIEWS = {
 RESHAPES = VIEWS - {aten.expand.default, aten.permute.default, aten.t.default, aten.transpose.int}
 CONVERSIONS = {prims.convert_element_type.default, aten._to_copy.default}
 COMPUTE_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.bool)
+INDEX_DTYPES = tuple(dtypes.INDEX_DTYPES)  # inputs a gather takes its index from, and nothing else
 # The value each partial reduction starts from (sums accumulate in double: codegen.ACCUMULATOR).
 IDENTITY = {"sum": "0.0", "max": "(-__uint_as_float(0x7f800000u))", "min": "__uint_as_float(0x7f800000u)"}
 
@@ -78,6 +80,7 @@ class Partial:
     acc: str       # C accumulator
     combine: str   # "sum", "max" or "min"
     source: str    # C value accumulated per element, after the pass's statements
+    accumulator: str | None = None  # its C type where not the combine's (codegen.ACCUMULATOR)
 
 
 @dataclass(frozen=True)
@@ -119,8 +122,15 @@ def build_plan(task: Task) -> RowPlan:
     """The plan for `task`, or Unsupported with the reason the template cannot take it."""
     placeholders, out_nodes = graph_interface(task)
     for spec in task.inputs + task.outputs:
-        if spec.torch_dtype not in COMPUTE_DTYPES:
+        if spec.torch_dtype not in COMPUTE_DTYPES + INDEX_DTYPES:
             raise Unsupported(f"dtype {spec.torch_dtype} not supported")
+    for spec in task.outputs:
+        if spec.torch_dtype in INDEX_DTYPES:
+            raise Unsupported(f"an output of dtype {spec.torch_dtype} not supported")
+    for p, spec in zip(placeholders, task.inputs):
+        if spec.torch_dtype in INDEX_DTYPES and not all(u.target is aten.gather.default and u.args[2] is p
+                                                         for u in p.users):
+            raise Unsupported(f"integer input {p.name} is used as other than a gather's index")
     return _Builder(task, placeholders, out_nodes).build()
 
 
@@ -134,6 +144,7 @@ class _Builder:
         # input nodes (placeholders and views of them) -> the input they read
         self.sources: dict[Node, int] = {p: k for k, p in enumerate(placeholders)}
         self.reductions: list[Node] = []
+        self.gathers: list[Node] = []  # one element of each row, by a per-row index
 
     # -- the graph -----------------------------------------------------------------------
     def build(self) -> RowPlan:
@@ -147,6 +158,8 @@ class _Builder:
         if not used_inputs:
             raise Unsupported("the task reads no input")
         outer, inner, strides, primary = self._layout(space, dims, placement, per_row, used_inputs)
+        if self.gathers and len(inner) != 1:  # the gather's test compares the element's place in its row
+            raise Unsupported(f"a gather over rows of {len(inner)} dims not supported")
         # one access per distinct read: GroupNorm reads x as itself and through the view the
         # reductions read, the same elements in the same order
         unique: list[Access] = []
@@ -201,6 +214,9 @@ class _Builder:
             elif node.target in REDUCTIONS:
                 self.reductions.append(node)
                 self.metas[node] = _call_on_meta(node, self.metas)
+            elif node.target is aten.gather.default:
+                self.gathers.append(node)
+                self.metas[node] = _call_on_meta(node, self.metas)
             elif node.target in VIEWS:
                 self.metas[node] = _call_on_meta(node, self.metas)
                 source = node.args[0]
@@ -228,6 +244,12 @@ class _Builder:
         space, dims = found.pop()
         if math.prod(space) == 0:
             raise Unsupported("the reduced tensor is empty")
+        for g in self.gathers:
+            source, dim, index = g.args[:3]
+            one = tuple(1 if d in dims else n for d, n in enumerate(space))
+            if (tuple(self.metas[source].shape) != space or dims != {dim % len(space)}
+                    or tuple(self.metas[index].shape) != one):
+                raise Unsupported(f"{g.name} does not take one element of each row the reductions reduce")
         return space, dims
 
     def _space(self, read_shape: tuple[int, ...]) -> tuple[tuple[int, ...], Axes, dict[Node, Axes]]:
@@ -263,11 +285,15 @@ class _Builder:
             for n in [r] + [u for u in r.users if u.target is operator.getitem]:
                 if n in shapes:
                     placement.fix(n, result)
+        for g in self.gathers:  # a per-row result, as a reduction that keeps its dim
+            for n in (g, g.args[2]):
+                placement.fix(n, reduced_axes(read[1], tuple(sorted(read_dims)), True))
         changed = True
         while changed:
             changed = False
             for node in self.nodes:
-                if node.op == "placeholder" or node.target is operator.getitem or node.target in REDUCTIONS:
+                if (node.op == "placeholder" or node.target is operator.getitem or node.target in REDUCTIONS
+                        or node.target is aten.gather.default):
                     continue
                 if node in self.sources:  # a view of an input: placed by its users, like an input
                     continue
@@ -353,6 +379,9 @@ class _Program:
         if node.target in REDUCTIONS:
             self._render_reduction(node)
             return
+        if node.target is aten.gather.default:
+            self._render_gather(node)
+            return
         if node.target in VIEWS:
             self.values[node] = self.values[node.args[0]]
             self.statements[node], self.ready[node] = [], self.ready[node.args[0]]
@@ -403,6 +432,22 @@ class _Program:
             self.mean_of[node] = Value(f"mean{n}", torch.float32)
         dtype = _tensors(self.b.metas[node])[0].dtype
         self.values[node] = Value(var, dtype)
+        self.statements[node] = []
+
+    def _render_gather(self, node: Node) -> None:
+        """The element of each row at its index, as a sum over the row of that element and zeros
+        (exact, and combined across threads as any sum): one more pass once the source is ready.
+        `col` is the element's place in its row (codegen)."""
+        source, index = self.values[node.args[0]], self.values[node.args[2]]
+        if source.dtype not in (torch.float32, torch.float16, torch.bfloat16):
+            raise Unsupported(f"gather of a {source.dtype} value not supported")
+        level = self.ready[node.args[0]] + 1
+        n = len(self.values)
+        # one value and zeros: exact in fp32, so no conversion to double per element
+        self._partial(level, node, Partial(f"acc{n}", "sum", f"(col == {index.var} ? {source.var} : 0.0f)", "float"))
+        self.finals.setdefault(level, []).append(f"const float v{n} = (float)acc{n};")
+        self.ready[node] = level
+        self.values[node] = Value(f"v{n}", self.b.metas[node].dtype)
         self.statements[node] = []
 
     @property
