@@ -250,18 +250,16 @@ extern "C" __global__ void __launch_bounds__({self.launch.block}) {name}({", ".j
                     f"{self._element(k, self._buffer(k) if k in self.plan.stored else f'l{k}')};"
                     for k in work.reads]
         inner = elements + list(work.body) + list(per_element_end)
-        if any(re.search(r"\bcol\b", line) for line in inner):  # a gather's test: the element's place in its row
-            inner.insert(0, "const idx_t col = j0 + v;")
         body = (reads + list(before) + ["#pragma unroll", f"for (int v = 0; v < {self.V}; ++v) {{"]
                 + ["  " + line for line in inner] + ["}"] + list(per_vector_end))
         return self._loop(body)
 
     def _pass(self, work: Pass) -> list[str]:
-        lines = [f"{accumulator(p)} {p.acc} = {IDENTITY[p.combine]};" for p in work.partials]
+        lines = [f"{ACCUMULATOR[p.combine]} {p.acc} = {IDENTITY[p.combine]};" for p in work.partials]
         # Double sums take each vector's elements summed in fp32 (at most 8), one conversion a
         # vector: conversions to double run at 1/8 of the fp32 rate, and a row's exp and
         # conversions per element outlasted its memory time (cross-entropy over 32000 classes).
-        staged = [p for p in work.partials if accumulator(p) == "double" and self.V > 1]
+        staged = [p for p in work.partials if ACCUMULATOR[p.combine] == "double" and self.V > 1]
         per_element = [f"{p.acc} = {COMBINE[p.combine].format(a=p.acc, b=_operand(p))};"
                        for p in work.partials if p not in staged] + [f"{p.acc}_v += {p.source};" for p in staged]
         lines += self._sweep(work, per_element, [f"float {p.acc}_v = 0.0f;" for p in staged],
@@ -299,7 +297,7 @@ extern "C" __global__ void __launch_bounds__({self.launch.block}) {name}({", ".j
         lines = []
         for p in partials:
             i = self.partial_index[p.acc]
-            lines += [f"__shared__ {accumulator(p)} {declared(i)};", f"if ({writer}) {stored(i)} = {p.acc};"]
+            lines += [f"__shared__ {ACCUMULATOR[p.combine]} {declared(i)};", f"if ({writer}) {stored(i)} = {p.acc};"]
         lines.append(sync)
         for p in partials:
             i = self.partial_index[p.acc]
@@ -312,7 +310,7 @@ extern "C" __global__ void __launch_bounds__({self.launch.block}) {name}({", ".j
         lines = []
         for p in work.partials:
             i = self.partial_index[p.acc]
-            lines.append(f"__shared__ {accumulator(p)} red{i}[{self.T}][{self.R}];")
+            lines.append(f"__shared__ {ACCUMULATOR[p.combine]} red{i}[{self.T}][{self.R}];")
             lines.append(f"red{i}[t][slot] = {p.acc};")
         lines.append("__syncthreads();")
         for p in work.partials:
@@ -354,14 +352,9 @@ def _fold(p: Partial, first: str, index: str, count: int, item: str) -> list[str
             f"for (int {index} = 1; {index} < {count}; ++{index}) {p.acc} = {COMBINE[p.combine].format(a=p.acc, b=item)};"]
 
 
-def accumulator(p: Partial) -> str:
-    """The C type partial `p` accumulates in."""
-    return p.accumulator or ACCUMULATOR[p.combine]
-
-
 def _operand(p: Partial) -> str:
     """The value a partial accumulates, in its accumulator's type."""
-    return f"(double)({p.source})" if accumulator(p) == "double" else p.source
+    return f"(double)({p.source})" if ACCUMULATOR[p.combine] == "double" else p.source
 
 
 def _drop_unused(lines: list[str], names: list[str]) -> list[str]:

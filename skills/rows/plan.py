@@ -80,7 +80,6 @@ class Partial:
     acc: str       # C accumulator
     combine: str   # "sum", "max" or "min"
     source: str    # C value accumulated per element, after the pass's statements
-    accumulator: str | None = None  # its C type where not the combine's (codegen.ACCUMULATOR)
 
 
 @dataclass(frozen=True)
@@ -170,7 +169,7 @@ class _Builder:
                 unique.append(access)
             access_of[n] = unique.index(access)
         accesses = tuple(unique)
-        program = _Program(self, placement, per_row, access_of, space, dims)
+        program = _Program(self, placement, per_row, access_of, accesses, space, dims)
         outputs = tuple(Output(spec, o, i, program.var(node), per_row[node]) for spec, node, (o, i) in zip(
             self.task.outputs, self.out_nodes, strides[len(used_inputs):]))
         passes, prelude, epilogue = program.passes(self.out_nodes)
@@ -343,10 +342,11 @@ class _Program:
     """The C statements of a plan: every node rendered once, sorted into the pass it runs in."""
 
     def __init__(self, builder: _Builder, placement: Placement, per_row: dict[Node, bool], access_of: dict[Node, int],
-                 space: tuple[int, ...], dims: frozenset[int]):
+                 accesses: tuple[Access, ...], space: tuple[int, ...], dims: frozenset[int]):
         self.b = builder
         self.per_row = per_row
         self.access_of = access_of
+        self.accesses = accesses
         self.row_length = math.prod(space[d] for d in dims)
         self.values: dict[Node, Value] = {}
         self.statements: dict[Node, list[str]] = {}  # node -> C lines computing it
@@ -435,20 +435,28 @@ class _Program:
         self.statements[node] = []
 
     def _render_gather(self, node: Node) -> None:
-        """The element of each row at its index, as a sum over the row of that element and zeros
-        (exact, and combined across threads as any sum): one more pass once the source is ready.
-        `col` is the element's place in its row (codegen)."""
-        source, index = self.values[node.args[0]], self.values[node.args[2]]
-        if source.dtype not in (torch.float32, torch.float16, torch.bfloat16):
-            raise Unsupported(f"gather of a {source.dtype} value not supported")
-        level = self.ready[node.args[0]] + 1
+        """The element of each row at its index: once the source is ready, every thread of the
+        row loads the elements the source is computed from at that place (one address a warp,
+        from L2 when the row was just read) and computes it, as the source's pass computes it
+        for every element. Out of the row, NaN (torch would raise)."""
+        source, index = node.args[0], self.values[node.args[2]]
+        if self.values[source].dtype not in (torch.float32, torch.float16, torch.bfloat16):
+            raise Unsupported(f"gather of a {self.values[source].dtype} value not supported")
+        reads, body = self._element_work([source])
         n = len(self.values)
-        # one value and zeros: exact in fp32, so no conversion to double per element
-        self._partial(level, node, Partial(f"acc{n}", "sum", f"(col == {index.var} ? {source.var} : 0.0f)", "float"))
-        self.finals.setdefault(level, []).append(f"const float v{n} = (float)acc{n};")
-        self.ready[node] = level
+        nan = literal(float("nan"), "float")
+        lines = [f"float v{n} = {nan};", "{",
+                 f"  const idx_t at = (idx_t)({index.var});",
+                 f"  if (row_ok && at >= 0 && at < {self.row_length}) {{"]
+        for k in reads:
+            access = self.accesses[k]
+            info = dtype_info(self.b.task.inputs[access.input].torch_dtype)
+            load = info.load.format(f"in{access.input}[a{k}_base + at * {access.inner[0]}]")
+            lines.append(f"    const {info.ctype} a{k} = {load};")
+        lines += ["    " + line for line in body] + [f"    v{n} = {self.values[source].var};", "  }", "}"]
         self.values[node] = Value(f"v{n}", self.b.metas[node].dtype)
-        self.statements[node] = []
+        self.statements[node] = lines
+        self.ready[node] = self.ready[source]
 
     @property
     def _n(self) -> str:
