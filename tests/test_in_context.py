@@ -332,3 +332,18 @@ def test_graphs_that_differ_beyond_tolerance_are_judged_against_float64():
     def no_float64():
         raise RuntimeError("no float64 kernel")
     assert "no float64 evaluation to judge by" in _disagreement([close], [far], task, {}, no_float64)
+
+
+@pytest.mark.parametrize("ours, inductor, ours_gpu, inductor_gpu, kept", [
+    (0.9, 1.0, 0.9, 1.0, True),        # faster: kept
+    (0.1005, 0.1, 0.05, 0.07, True),   # host-bound, a tie within noise, 1.4x on the GPU: kept
+    (0.1005, 0.1, 0.069, 0.07, False),  # a tie, and no faster on the GPU: dropped
+    (0.105, 0.1, 0.05, 0.07, False),   # slower beyond noise however fast its GPU part: dropped
+    (0.1005, 0.1, None, None, False),  # no GPU times (an older worker's reply): the graph's time alone
+])
+def test_a_tie_on_host_time_keeps_a_kernel_faster_on_the_gpu(ours, inductor, ours_gpu, inductor_gpu, kept):
+    from agent_backend.env.results import ContextTiming
+    from agent_backend.in_context import describe, keeps
+    timing = ContextTiming("passed", "", ours, inductor, "cuda:0", ours_gpu, inductor_gpu)
+    assert keeps(timing) is kept
+    assert ("on the GPU" in describe(timing)) is (ours > inductor and ours_gpu is not None)

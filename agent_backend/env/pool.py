@@ -281,8 +281,9 @@ class Environment:
                 return ContextTiming(reply.failure.status, reply.failure.reason, device=handle.device)
             if reply.data.get("restart"):
                 handle.restart()
-            return ContextTiming(reply.data["status"], reply.data.get("reason", ""), reply.data.get("ours_ms"),
-                                 reply.data.get("inductor_ms"), device=handle.device)
+            data = reply.data
+            return ContextTiming(data["status"], data.get("reason", ""), data.get("ours_ms"), data.get("inductor_ms"),
+                                 handle.device, data.get("ours_gpu_ms"), data.get("inductor_gpu_ms"))
 
 
 class _Evaluation:

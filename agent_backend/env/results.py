@@ -91,6 +91,8 @@ class ContextTiming:
     ours_ms: float | None = None
     inductor_ms: float | None = None
     device: str = ""
+    ours_gpu_ms: float | None = None  # GPU time alone (the medians counted_ms took the longer of)
+    inductor_gpu_ms: float | None = None
 
     def __post_init__(self):
         if self.status not in STATUSES:
@@ -102,6 +104,13 @@ class ContextTiming:
         if self.ours_ms is None or self.inductor_ms is None:
             return None
         return self.inductor_ms / max(self.ours_ms, 1e-9)
+
+    @property
+    def gpu_speedup(self) -> float | None:
+        """Inductor's GPU time for the graph over ours."""
+        if self.ours_gpu_ms is None or self.inductor_gpu_ms is None:
+            return None
+        return self.inductor_gpu_ms / max(self.ours_gpu_ms, 1e-9)
 
 
 def counted_ms(stats: dict) -> float:
