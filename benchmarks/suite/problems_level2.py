@@ -152,6 +152,17 @@ class BmmResidualRelu(nn.Module):
         return torch.relu(torch.bmm(a, b) + residual)
 
 
+class LinearCrossEntropy(nn.Module):
+    """A language model's head and loss: logits over the vocabulary, then cross-entropy."""
+
+    def __init__(self, features_in: int, vocab: int):
+        super().__init__()
+        self.head = nn.Linear(features_in, vocab, bias=False)
+
+    def forward(self, x, target):
+        return F.cross_entropy(self.head(x), target)
+
+
 def _linear(d):
     return [torch.randn(d.rows, d.features_in)]
 
@@ -185,6 +196,9 @@ PROBLEMS = [
             _in_out),
     _fusion("linear_softmax", LinearSoftmax, _linear, {"rows": 4096, "features_in": 1024, "features_out": 8192},
             SMALL_LINEAR, _in_out),
+    _fusion("linear_cross_entropy", LinearCrossEntropy,
+            lambda d: [torch.randn(d.rows, d.features_in), torch.randint(0, d.features_out, (d.rows,))],
+            {"rows": 4096, "features_in": 1024, "features_out": 32000}, SMALL_LINEAR, _in_out),
     _fusion("conv_bias_relu", ConvBiasRelu, images, CONV, SMALL_CONV, _conv_init, tolerance=5.0),
     _fusion("conv_scale_sigmoid", ConvScaleSigmoid, images, CONV, SMALL_CONV, _conv_init, tolerance=5.0),
     _fusion("conv_groupnorm_silu", ConvGroupNormSilu, images, CONV, SMALL_CONV,
