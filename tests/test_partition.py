@@ -100,3 +100,21 @@ def test_an_as_strided_that_is_no_reshape_is_no_view():
     g = _graph(lambda x: torch.as_strided(x, [8], [1], 8) * 2, torch.randn(16))  # from an offset
     (node,) = [n for n in g.nodes if n.target is torch.ops.aten.as_strided.default]
     assert classify(node).kind is None
+
+
+def test_a_matmul_leaves_an_upcast_that_a_reduction_reads_to_the_reduction():
+    """bf16 logits cast up for a softmax (as Inductor's decompositions write it): the cast is the
+    softmax's prologue, so the softmax reads the product's bf16 output; a cast that feeds
+    pointwise work only stays in the matmul's epilogue."""
+    up = torch.ops.prims.convert_element_type.default
+
+    def fn(x, w):
+        logits = up(x @ w, torch.float32)
+        e = torch.exp(logits - logits.amax(-1, keepdim=True))
+        return e / e.sum(-1, keepdim=True), torch.relu(up(x @ w, torch.float32))
+    bf16 = torch.bfloat16
+    groups = partition(_graph(fn, torch.randn(4, 8, dtype=bf16), torch.randn(8, 16, dtype=bf16)))
+    assert [(gr.kind, _ops(gr)[:2]) for gr in groups] == [
+        ("matmul", ["mm"]), ("reduction", ["convert_element_type", "amax"]),
+        ("matmul", ["mm", "convert_element_type"])]
+    assert _ops(groups[2]) == ["mm", "convert_element_type", "relu"]
