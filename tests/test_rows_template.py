@@ -228,6 +228,23 @@ def test_logsumexp_is_one_task_with_its_views_and_constant():
     assert any("0.0f" in line for line in plan.prelude)  # the masked max's constant
 
 
+def _plan_lines(plan) -> str:
+    return "\n".join([*plan.prelude, *(line for p in plan.passes for line in (*p.body, *p.after)),
+                      *plan.epilogue.body])
+
+
+@pytest.mark.parametrize("name", ["softmax", "logsumexp", "cross_entropy"])
+def test_exps_take_the_fast_form_only_where_every_output_is_bf16(name):
+    """A bf16 softmax computes in fp32 and rounds its outputs to bf16, which hides the few fp32 ulps
+    of exp2.approx (Triton's own exp): the row's exps are then one multiply and one MUFU op, not
+    expf's range reduction. Where an output stays fp32 the accurate expf stays."""
+    def lines(dtype):
+        task = _cross_entropy_tasks(dtype)[0] if name == "cross_entropy" else case_task(name, dtype)
+        return _plan_lines(build_plan(task))
+    assert "pw_exp_fast(" in lines(bf16) and "pw_exp(" not in lines(bf16)
+    assert "pw_exp(" in lines(f32) and "pw_exp_fast(" not in lines(f32)
+
+
 BACKWARD = [(name, dt) for name in ("softmax", "log_softmax", "layernorm", "rmsnorm") for dt in (f32, bf16)]
 
 

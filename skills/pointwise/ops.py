@@ -34,17 +34,19 @@ class OpArgs:
     operands to the common dtype before computing, e.g. a 0-dim fp32 tensor in an fp16 op).
     """
 
-    def __init__(self, bound: dict[str, Any], dtype: torch.dtype, round_operands: bool):
+    def __init__(self, bound: dict[str, Any], dtype: torch.dtype, round_operands: bool, fast_fp32: bool = False):
         self.bound = bound
         self.dtype = dtype
         self.ctype = dtype_info(dtype).ctype
         self.round_operands = round_operands
+        self.fast_fp32 = fast_fp32
 
     @property
     def fast(self) -> bool:
         """Whether fast fp32 forms may compute this op: its result is rounded to fp16/bf16 at
-        once, which hides their few-ulp fp32 errors."""
-        return self.dtype in (torch.float16, torch.bfloat16)
+        once, or (`fast_fp32`) every result its value reaches is, which hides their few-ulp
+        fp32 errors."""
+        return self.dtype in (torch.float16, torch.bfloat16) or (self.fast_fp32 and self.dtype == torch.float32)
 
     def __getitem__(self, name: str) -> str:
         value = self.bound[name]

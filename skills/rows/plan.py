@@ -354,6 +354,11 @@ class _Program:
         self.partials: dict[int, list[tuple[Node, Partial]]] = {}  # level -> partials of that pass
         self.finals: dict[int, list[str]] = {}  # level -> per-row lines finishing its reductions
         self.mean_of: dict[Node, Value] = {}  # var_mean -> its mean
+        # A bf16 program computes in fp32 (softmax, cross-entropy); where every output is fp16/bf16
+        # the fast exp and division (few fp32 ulps, Triton's own forms) are hidden by that rounding
+        # and keep an exp-heavy row from being bound by the accurate expf's instructions.
+        self.low_precision_outputs = all(s.torch_dtype in (torch.float16, torch.bfloat16)
+                                         for s in builder.task.outputs)
         for node in builder.nodes:  # every placed node, and var_mean (a pair of tensors)
             if node in placement.axes or node.target is aten.var_mean.correction:
                 self._render(node)
@@ -395,7 +400,7 @@ class _Program:
         if rule.kind == "float" and not dtype.is_floating_point:
             raise Unsupported(f"op {node.target} on {dtype} not supported")
         args = OpArgs({k: self.values[v] if isinstance(v, Node) else v for k, v in bound.items()}, dtype,
-                      round_operands=rule.kind != "any")
+                      round_operands=rule.kind != "any", fast_fp32=self.low_precision_outputs)
         info = dtype_info(meta.dtype)
         expr = rule.render(args)
         if node.target in CONVERSIONS:  # where the graph rounds, so do we
