@@ -1,6 +1,7 @@
 """The launch op on a GPU: it computes what the Python launcher computes with the same kernel,
 passes every argument kind intact, launches on the current stream, takes the kernel the inputs'
-alignment allows, raises the shared memory limit, is captured in a CUDA graph and replayed,
+alignment allows, raises the shared memory limit, launches a cooperative grid with scratch
+memory (eagerly and in a CUDA graph), is captured in a CUDA graph and replayed,
 finds a key it does not know through the kernel cache, and runs a pointwise winner in a
 compiled model: through Inductor, under CUDA graphs (mode="reduce-overhead"), and replayed from
 Inductor's graph cache in a new process with no candidate code run."""
@@ -151,6 +152,50 @@ def test_captured_in_a_cuda_graph_and_replayed():
         torch.cuda.synchronize()
         assert torch.equal(out, _launcher_result(x, y)), f"replay {seed}"
     assert launch_op.launch_count(key) == launches, "a replay runs the captured kernel, not the op"
+
+
+GRID_SUM = r"""
+#include <cooperative_groups.h>
+extern "C" __global__ void grid_sum(const float* x, float* out, float* partial, int n) {
+    // each block's sum to the workspace, the whole grid waits, then every block adds them up
+    __shared__ float block_sum;
+    if (threadIdx.x == 0) block_sum = 0.0f;
+    __syncthreads();
+    float mine = 0.0f;
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) mine += x[i];
+    atomicAdd(&block_sum, mine);
+    __syncthreads();
+    if (threadIdx.x == 0) partial[blockIdx.x] = block_sum;
+    cooperative_groups::this_grid().sync();
+    if (threadIdx.x == 0) {
+        float total = 0.0f;
+        for (int b = 0; b < gridDim.x; ++b) total += __ldcg(&partial[b]);
+        out[blockIdx.x] = total;
+    }
+}
+"""
+
+
+def test_a_cooperative_grid_with_its_workspace_eagerly_and_in_a_cuda_graph():
+    """528 blocks (four an SM on an H100) exchange partial sums through the op's workspace: every
+    block ends with the whole sum, which only a grid that synchronised can give; the same under
+    a CUDA graph's replays, on new data."""
+    n, blocks = 1 << 20, 528
+    args = (Arg.input(0), Arg.output(0), Arg.workspace(4 * blocks), Arg("i32", n))
+    kernel = KernelLaunch.compile(GRID_SUM, "grid_sum", grid=blocks, block=256, args=args, cooperative=True)
+    key = _registered("gpu grid sum", LaunchSpec((_vector(n),), (_vector(blocks),), (kernel,)))
+    x = torch.rand(n, device="cuda")
+    (out,) = torch.ops.cuda_agent.launch.default(key, "", [x])
+    torch.testing.assert_close(out, x.sum().expand(blocks), rtol=1e-4, atol=1e-2)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        (captured,) = torch.ops.cuda_agent.launch.default(key, "", [x])
+    for seed in range(2):
+        torch.manual_seed(seed)
+        x.copy_(torch.rand(n, device="cuda"))
+        graph.replay()
+        torch.cuda.synchronize()
+        torch.testing.assert_close(captured, x.sum().expand(blocks), rtol=1e-4, atol=1e-2)
 
 
 class Gate(nn.Module):

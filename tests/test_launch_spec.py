@@ -38,6 +38,8 @@ def test_launch_shapes_are_normalised():
     (lambda: Arg("i64", 1.5), "is an int"),
     (lambda: Arg("f32", True), "is a number"),
     (lambda: Arg.input(-1), "out of range"),
+    (lambda: Arg.workspace(0), "out of range"),
+    (lambda: _kernel(cooperative=1), "cooperative must be a bool"),
     (lambda: _kernel(grid=0), "grid must be"),
     (lambda: _kernel(block=(1, 2, 3, 4)), "block must be"),
     (lambda: _kernel(alignment=(0, 1)), "alignment must be"),
@@ -75,6 +77,16 @@ def test_a_cluster_is_kept_and_a_plain_launch_is_written_as_before():
     assert data["kernels"][0]["cluster"] == [4, 1, 1] and "cluster" not in data["kernels"][1]
     assert LaunchSpec.from_json(data, binaries) == spec
     assert spec.digest != _spec().digest
+
+
+def test_a_cooperative_launch_and_its_workspace_go_through_json():
+    """A cooperative kernel with scratch memory keeps both through JSON; a spec without them is
+    written as before."""
+    spec = _spec(kernels=(_kernel(cooperative=True, args=(Arg.input(0), Arg.output(0), Arg.workspace(4096))),))
+    data, binaries = spec.to_json()
+    assert data["kernels"][0]["cooperative"] is True and data["kernels"][0]["args"][-1] == ["workspace", 4096]
+    assert LaunchSpec.from_json(data, binaries) == spec and spec.digest != _spec().digest
+    assert "cooperative" not in _spec().to_json()[0]["kernels"][0]
 
 
 def test_spec_round_trips_through_a_stored_cache_entry(tmp_path):

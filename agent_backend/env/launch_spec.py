@@ -3,9 +3,11 @@ whose launch is a pure function of its task's signature.
 
 A LaunchSpec names the tensors the op takes (shape, stride, dtype) and the ones it allocates
 and returns, and the kernels that may compute them: each a CUBIN, a kernel name, a grid, a
-block, dynamic shared memory, its arguments (an input's or an output's data pointer, or a
-constant), the alignment its vector accesses need of each input's data pointer, and the shape
-of its thread-block clusters (sm_90+; (1, 1, 1): none). The op
+block, dynamic shared memory, its arguments (an input's or an output's data pointer, a
+constant, or scratch memory of a given size that the op allocates for each launch), the
+alignment its vector accesses need of each input's data pointer, the shape of its thread-block
+clusters (sm_90+; (1, 1, 1): none), and whether it is a cooperative launch (all blocks resident
+at once, so the kernel may synchronise its whole grid). The op
 launches the first kernel whose alignment the inputs meet (say, a vectorised kernel, then a
 scalar fallback).
 
@@ -27,15 +29,15 @@ from agent_backend.env.nvrtc import compile_cubin, current_arch, normalize_arch
 from agent_backend.specs import TensorSpec
 
 SPEC_FORMAT = 1
-ARG_KINDS = ("input", "output", "i32", "i64", "f32", "f64")
-_INT_RANGES = {"i32": (-2**31, 2**31 - 1), "i64": (-2**63, 2**63 - 1)}
+ARG_KINDS = ("input", "output", "i32", "i64", "f32", "f64", "workspace")
+_INT_RANGES = {"i32": (-2**31, 2**31 - 1), "i64": (-2**63, 2**63 - 1), "workspace": (1, 2**40)}
 ENTRY_KEY = "spec"  # where a cache entry's `launch` holds the spec
 
 
 @dataclass(frozen=True)
 class Arg:
-    """One kernel argument: the data pointer of input/output `value` (an index), or a constant
-    of type i32, i64, f32 or f64."""
+    """One kernel argument: the data pointer of input/output `value` (an index), a constant of
+    type i32, i64, f32 or f64, or a workspace: `value` bytes of uninitialised scratch memory."""
 
     kind: str
     value: int | float
@@ -62,6 +64,10 @@ class Arg:
     def output(cls, index: int) -> "Arg":
         return cls("output", index)
 
+    @classmethod
+    def workspace(cls, nbytes: int) -> "Arg":
+        return cls("workspace", nbytes)
+
 
 def _dim3(value: int | Sequence[int], what: str) -> tuple[int, int, int]:
     sizes = (value,) if isinstance(value, int) else tuple(value)
@@ -75,7 +81,8 @@ class KernelLaunch:
     """One kernel of a spec and how to launch it. `alignment`: per input, the bytes its data
     pointer must be a multiple of for this kernel to run (empty: no requirement). `cluster`:
     the blocks of one thread-block cluster in each dimension, which the grid must hold a whole
-    number of (launched through cuLaunchKernelEx; (1, 1, 1): a plain launch)."""
+    number of (launched through cuLaunchKernelEx; (1, 1, 1): a plain launch). `cooperative`: a
+    cooperative launch, which fails rather than start a grid that cannot be resident at once."""
 
     cubin: bytes
     arch: str
@@ -86,6 +93,7 @@ class KernelLaunch:
     shared_mem: int = 0
     alignment: tuple[int, ...] = ()
     cluster: tuple[int, int, int] = (1, 1, 1)
+    cooperative: bool = False
 
     def __post_init__(self):
         object.__setattr__(self, "arch", normalize_arch(self.arch))
@@ -100,6 +108,8 @@ class KernelLaunch:
             raise TypeError("cubin must be the compiled module's bytes")
         if not all(isinstance(a, Arg) for a in self.args):
             raise TypeError("args must be Arg values")
+        if not isinstance(self.cooperative, bool):
+            raise TypeError(f"cooperative must be a bool, got {self.cooperative!r}")
         if not 0 <= self.shared_mem < 2**31:
             raise ValueError(f"shared_mem must be a byte count, got {self.shared_mem}")
         if not all(isinstance(a, int) and a >= 1 for a in self.alignment):
@@ -108,13 +118,13 @@ class KernelLaunch:
     @classmethod
     def compile(cls, source: str, name: str, *, grid: int | Sequence[int], block: int | Sequence[int],
                 args: Sequence[Arg], shared_mem: int = 0, alignment: Sequence[int] = (),
-                cluster: int | Sequence[int] = 1, options: Sequence[str] = (),
+                cluster: int | Sequence[int] = 1, cooperative: bool = False, options: Sequence[str] = (),
                 arch: str | None = None) -> "KernelLaunch":
         """Compile `source` (NVRTC, else nvcc; cached by content) for `arch`, by default the
         current GPU's, and describe the launch of its kernel `name`."""
         arch = normalize_arch(arch) if arch is not None else current_arch()
         cubin = compile_cubin(source, arch=arch, options=options)
-        return cls(cubin, arch, name, grid, block, tuple(args), shared_mem, tuple(alignment), cluster)
+        return cls(cubin, arch, name, grid, block, tuple(args), shared_mem, tuple(alignment), cluster, cooperative)
 
     @property
     def binary_name(self) -> str:
@@ -153,8 +163,9 @@ class LaunchSpec:
         kernels = [{"binary": k.binary_name, "name": k.name, "grid": list(k.grid), "block": list(k.block),
                     "shared_mem": k.shared_mem, "args": [[a.kind, a.value] for a in k.args],
                     "alignment": list(k.alignment),
-                    # written only for a cluster launch: the specs cached before keep their digests
-                    **({"cluster": list(k.cluster)} if k.cluster != (1, 1, 1) else {})} for k in self.kernels]
+                    # written only where set: the specs cached before keep their digests
+                    **({"cluster": list(k.cluster)} if k.cluster != (1, 1, 1) else {}),
+                    **({"cooperative": True} if k.cooperative else {})} for k in self.kernels]
         spec = {"format": SPEC_FORMAT, "inputs": [s.to_json() for s in self.inputs],
                 "outputs": [s.to_json() for s in self.outputs], "kernels": kernels}
         return spec, {k.binary_name: k.cubin for k in self.kernels}
@@ -168,7 +179,8 @@ class LaunchSpec:
             kernels = tuple(
                 KernelLaunch(binaries[k["binary"]], k["binary"].split(":", 1)[0], k["name"], tuple(k["grid"]),
                              tuple(k["block"]), tuple(Arg(kind, value) for kind, value in k["args"]),
-                             k["shared_mem"], tuple(k["alignment"]), tuple(k.get("cluster", (1, 1, 1))))
+                             k["shared_mem"], tuple(k["alignment"]), tuple(k.get("cluster", (1, 1, 1))),
+                             k.get("cooperative", False) is True)
                 for k in spec["kernels"])
             return cls(tuple(TensorSpec.from_json(s) for s in spec["inputs"]),
                        tuple(TensorSpec.from_json(s) for s in spec["outputs"]), kernels)

@@ -22,6 +22,7 @@ using CUstream = void*;
 constexpr CUresult CUDA_SUCCESS = 0;
 constexpr CUresult CUDA_ERROR_NOT_FOUND = 500;
 constexpr int CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8;
+constexpr int CU_LAUNCH_ATTRIBUTE_COOPERATIVE = 2;
 constexpr int CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION = 4;
 // Dynamic shared memory a kernel may use before its limit must be raised.
 constexpr unsigned kDefaultSharedMemLimit = 48 * 1024;
@@ -37,6 +38,7 @@ struct LaunchAttribute {
     struct {
       unsigned x, y, z;
     } cluster_dim;
+    int cooperative;
     void* align;
   } value;
 };

@@ -1,9 +1,10 @@
 // The launch op: a kernel described as data (launch_spec.py) run from C++, so that a winner
 // costs what its kernel costs. cuda_agent::launch(key, program, inputs) looks the spec up by
-// key, checks the inputs against it, allocates the outputs through torch's caching allocator,
-// and launches the first kernel whose alignment the inputs meet (in thread-block clusters where
-// its spec says so, through cuLaunchKernelEx) on torch's current stream of the inputs' device,
-// so that it can be captured in a CUDA graph. A Meta kernel gives the
+// key, checks the inputs against it, allocates the outputs (and any scratch workspace a kernel
+// takes) through torch's caching allocator, and launches the first kernel whose alignment the
+// inputs meet (in thread-block clusters, or as a cooperative grid, where its spec says so,
+// through cuLaunchKernelEx) on torch's current stream of the inputs' device, so that it can be
+// captured in a CUDA graph. A Meta kernel gives the
 // outputs' shapes and strides to tracing (FakeTensorMode, Inductor).
 //
 // The op's schema is defined from Python (launch_op.py), with a default kernel for a process
@@ -17,6 +18,7 @@
 #include <ATen/core/Tensor.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/stack.h>
+#include <ATen/ops/empty.h>
 #include <ATen/ops/empty_strided.h>
 #include <c10/core/DeviceGuard.h>
 #include <pybind11/pybind11.h>
@@ -46,7 +48,7 @@ namespace {
 constexpr size_t kMaxArgs = 256;
 constexpr size_t kMaxDevices = 128;  // c10::DeviceIndex is an int8_t
 
-enum class ArgKind : uint8_t { Input, Output, Constant };
+enum class ArgKind : uint8_t { Input, Output, Constant, Workspace };
 
 struct Layout {
   std::vector<int64_t> sizes, strides;
@@ -58,10 +60,11 @@ struct Kernel {
   std::string name;
   std::array<unsigned, 3> grid{}, block{};
   std::array<unsigned, 3> cluster{1, 1, 1};  // blocks per thread-block cluster; all 1: a plain launch
+  bool cooperative = false;                  // all blocks resident at once (grid.sync() in the kernel)
   unsigned shared_mem = 0;
   std::vector<ArgKind> kinds;
   std::vector<int64_t> indices;     // of the input or output, for pointer arguments
-  std::vector<ArgValue> constants;  // the value, for constants
+  std::vector<ArgValue> constants;  // the value, for constants; the bytes, for a workspace
   std::vector<int64_t> alignment;   // per input, bytes; empty: none required
   std::array<std::atomic<CUfunction>, kMaxDevices> functions{};  // loaded on first use per device
 };
@@ -183,17 +186,24 @@ bool clustered(const Kernel& kernel) { return kernel.cluster != std::array<unsig
 void launch(const Kernel& kernel, CUfunction function, CUstream stream, void** params) {
   const Driver& d = driver();
   CUresult status;
-  if (!clustered(kernel)) {
+  if (!clustered(kernel) && !kernel.cooperative) {
     status = d.cuLaunchKernel(function, kernel.grid[0], kernel.grid[1], kernel.grid[2], kernel.block[0],
                               kernel.block[1], kernel.block[2], kernel.shared_mem, stream, params, nullptr);
   } else {
     TORCH_CHECK(d.cuLaunchKernelEx != nullptr, "cuda_agent::launch: this CUDA driver has no cuLaunchKernelEx: "
-                "cluster launches need CUDA 12 or later");
-    LaunchAttribute attribute{};
-    attribute.id = CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
-    attribute.value.cluster_dim = {kernel.cluster[0], kernel.cluster[1], kernel.cluster[2]};
+                "cluster and cooperative launches need CUDA 12 or later");
+    LaunchAttribute attributes[2]{};
+    unsigned count = 0;
+    if (clustered(kernel)) {
+      attributes[count].id = CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
+      attributes[count++].value.cluster_dim = {kernel.cluster[0], kernel.cluster[1], kernel.cluster[2]};
+    }
+    if (kernel.cooperative) {
+      attributes[count].id = CU_LAUNCH_ATTRIBUTE_COOPERATIVE;
+      attributes[count++].value.cooperative = 1;
+    }
     const LaunchConfig config{kernel.grid[0],  kernel.grid[1],     kernel.grid[2], kernel.block[0], kernel.block[1],
-                              kernel.block[2], kernel.shared_mem, stream,         &attribute,      1};
+                              kernel.block[2], kernel.shared_mem, stream,         attributes,      count};
     status = d.cuLaunchKernelEx(&config, function, params, nullptr);
   }
   // the message only where it is needed: building it costs every call
@@ -224,12 +234,19 @@ std::vector<at::Tensor> launch_cuda(c10::string_view key, c10::string_view progr
   const size_t count = kernel.kinds.size();
   ArgValue values[kMaxArgs];
   void* params[kMaxArgs];
+  // Scratch memory, uninitialised: freed when the op returns, and reused only by work queued
+  // after the kernel on this stream (the caching allocator's rule), so never while it runs.
+  std::vector<at::Tensor> workspaces;
   for (size_t a = 0; a < count; ++a) {
     switch (kernel.kinds[a]) {
       // const_data_ptr: an input is only read, so a copy-on-write input is not copied first
       case ArgKind::Input: values[a].ptr = const_cast<void*>(inputs[kernel.indices[a]].const_data_ptr()); break;
       case ArgKind::Output: values[a].ptr = outputs[kernel.indices[a]].mutable_data_ptr(); break;
       case ArgKind::Constant: values[a] = kernel.constants[a]; break;
+      case ArgKind::Workspace:
+        workspaces.push_back(at::empty({kernel.constants[a].i64}, at::TensorOptions().dtype(at::kByte).device(device)));
+        values[a].ptr = workspaces.back().mutable_data_ptr();
+        break;
     }
     params[a] = &values[a];
   }
@@ -250,7 +267,7 @@ std::vector<at::Tensor> launch_meta(c10::string_view key, c10::string_view /*pro
 using LayoutData = std::tuple<std::vector<int64_t>, std::vector<int64_t>, std::string>;
 using ArgData = std::pair<std::string, py::object>;
 using KernelData = std::tuple<py::bytes, std::string, std::array<int64_t, 3>, std::array<int64_t, 3>, int64_t,
-                              std::vector<ArgData>, std::vector<int64_t>, std::array<int64_t, 3>>;
+                              std::vector<ArgData>, std::vector<int64_t>, std::array<int64_t, 3>, bool>;
 
 [[noreturn]] void refuse(const std::string& why) { throw std::invalid_argument("launch spec: " + why); }
 
@@ -279,7 +296,7 @@ unsigned to_unsigned(int64_t value, const char* what) {
 }
 
 std::unique_ptr<Kernel> kernel_of(const KernelData& data, size_t n_inputs, size_t n_outputs) {
-  const auto& [image, name, grid, block, shared_mem, args, alignment, cluster] = data;
+  const auto& [image, name, grid, block, shared_mem, args, alignment, cluster, cooperative] = data;
   auto kernel = std::make_unique<Kernel>();
   kernel->image = std::string(image);
   kernel->name = name;
@@ -291,6 +308,7 @@ std::unique_ptr<Kernel> kernel_of(const KernelData& data, size_t n_inputs, size_
     if (grid[d] % cluster[d] != 0) refuse("the grid must be a whole number of clusters in each dimension");
   }
   kernel->shared_mem = to_unsigned(shared_mem, "shared_mem");
+  kernel->cooperative = cooperative;
   if (args.size() > kMaxArgs) refuse("a kernel takes at most " + std::to_string(kMaxArgs) + " arguments");
   if (!alignment.empty() && alignment.size() != n_inputs) refuse("alignment must name every input");
   for (int64_t a : alignment) {
@@ -317,6 +335,10 @@ std::unique_ptr<Kernel> kernel_of(const KernelData& data, size_t n_inputs, size_
       constant.f32 = static_cast<float>(value.cast<double>());
     } else if (kind == "f64") {
       constant.f64 = value.cast<double>();
+    } else if (kind == "workspace") {
+      arg_kind = ArgKind::Workspace;
+      constant.i64 = value.cast<int64_t>();
+      if (constant.i64 < 1) refuse("a workspace takes at least one byte");
     } else {
       refuse("unknown argument kind '" + kind + "'");
     }
@@ -372,6 +394,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("outputs"), py::arg("kernels"),
         "Register a spec under `key` and load its kernels on CUDA device `device`. inputs/outputs: "
         "(sizes, strides, dtype name); kernels: (cubin, name, grid, block, shared_mem, [(kind, value)], alignment, "
-        "cluster).");
+        "cluster, cooperative).");
   m.def("launch_count", &launch_count, py::arg("key"), "Launches made under `key` (-1: not registered).");
 }
