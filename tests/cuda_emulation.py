@@ -1,7 +1,8 @@
 """Run a generated row kernel on the CPU (tests/cuda_emulator/emulator.h): its CUDA source,
 rewritten where the emulator needs it, built with the host C++ compiler and launched on inputs
 passed through files. For checking kernel logic (indexing, passes, combining across threads,
-warps and cluster blocks) where there is no GPU; it says nothing about speed."""
+warps, cluster blocks and the blocks of a cooperative grid) where there is no GPU; it says
+nothing about speed."""
 from __future__ import annotations
 
 import functools
@@ -88,15 +89,18 @@ def _flat(t: torch.Tensor) -> bytes:
 
 def run(source: str, name: str, launch: tuple, inputs: list[torch.Tensor], outputs: list[TensorSpec],
         workdir: Path) -> list[torch.Tensor]:
-    """Launch kernel `name` of `source` with launch = (grid, block, shared bytes[, cluster]) on
-    CPU `inputs`; the outputs (filled with NaN bytes first, so an unwritten element shows)."""
-    grid, block, shared, cluster = (*launch, 1)[:4]
+    """Launch kernel `name` of `source` with launch = (grid, block, shared bytes, cluster,
+    workspace bytes) on CPU `inputs`; the outputs (filled with NaN bytes first, so an unwritten
+    element shows). A workspace (of 0xff bytes) makes the launch cooperative."""
+    grid, block, shared, cluster, workspace = launch
     block = tuple(block) + (1,) * (2 - len(block))
     params = [f"reinterpret_cast<const {operand_info(t.dtype).storage}*>(buffers[{k}].data())"
               for k, t in enumerate(inputs)]
     params += [f"reinterpret_cast<{dtype_info(s.torch_dtype).storage}*>(buffers[{len(inputs) + k}].data())"
                for k, s in enumerate(outputs)]
     count = len(inputs) + len(outputs)
+    if workspace:
+        params.append("workspace.data()")
     main = f"""
 #include <fstream>
 #include <iterator>
@@ -106,7 +110,9 @@ int main(int argc, char** argv) {{
     std::ifstream in(argv[1 + k], std::ios::binary);
     buffers.emplace_back(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
   }}
-  emu::launch({grid}, {block[0]}, {block[1]}, {shared}, {cluster}, [&] {{ {name}({", ".join(params)}); }});
+  std::vector<unsigned char> workspace({workspace}, 0xff);
+  emu::launch({grid}, {block[0]}, {block[1]}, {shared}, {cluster}, {"true" if workspace else "false"},
+              [&] {{ {name}({", ".join(params)}); }});
   for (int k = {len(inputs)}; k < {count}; ++k) {{
     std::ofstream out(argv[1 + k], std::ios::binary);
     out.write(reinterpret_cast<const char*>(buffers[k].data()), buffers[k].size());

@@ -54,7 +54,8 @@ def test_backward_tasks_compute_their_gradients(name, dtype, tmp_path):
 
 
 # (task, launch): long-row shapes on rows short enough to emulate. Shared-memory rows, register
-# and shared-memory clusters (slices of unequal length where the row does not divide), sub-warp
+# and shared-memory clusters (slices of unequal length where the row does not divide), rows split
+# over a cooperative grid, sub-warp
 # rows, several rows a block across warps, streaming clusters, rows of one element.
 LONG = {
     "shared_block": (lambda: resized(case_task("softmax", f32), (3, 2000)), Launch(64, 1, 4, "shared")),
@@ -67,6 +68,12 @@ LONG = {
                           Launch(32, 1, 4, "registers", 8)),
     "logsumexp_cluster": (lambda: resized(case_task("logsumexp", bf16), (2, 1000)), Launch(32, 1, 8, "shared", 2)),
     "streaming_cluster": (lambda: resized(case_task("sum_last", f32), (1, 5000)), Launch(64, 1, 4, "registers", 8)),
+    # rows split over a cooperative grid: slices of unequal length, a row of a whole tensor, and
+    # passes that each combine through the workspace, rows held in registers between them
+    "split_sum": (lambda: resized(case_task("sum_last", f32), (3, 5000)), Launch(32, 1, 4, split=4)),
+    "split_amax_scalar": (lambda: resized(case_task("amax_last", bf16), (2, 4097)), Launch(32, 1, 1, split=8)),
+    "split_mse_whole": (lambda: resized(case_task("mse_loss", f32), (40, 100), (40, 100)), Launch(32, 1, 4, split=8)),
+    "split_softmax": (lambda: resized(case_task("softmax", bf16), (2, 2000)), Launch(32, 1, 8, split=4)),
     "var_streaming_rows": (lambda: resized(case_task("var_last", f16), (5, 33)), Launch(8, 4, 1)),
     "sub_warp_rows": (lambda: resized(case_task("amax_last", bf16), (64, 7)), Launch(4, 8, 1)),
     "warps_per_row": (lambda: resized(case_task("rmsnorm", f32), (3, 1000), (1000,)), Launch(128, 2, 4)),

@@ -27,7 +27,7 @@ from agent_backend.task import load_program
 from helpers import launch_spec_of
 from skills.rows import propose, supports
 from skills.rows.candidates import launch_configs, model_source, tag
-from skills.rows.codegen import Launch, kernel_source, shared_bytes
+from skills.rows.codegen import Launch, grid_blocks, kernel_source, shared_bytes, workspace_bytes
 from skills.rows.plan import build_plan
 from skills.rows.placement import refine, runs
 
@@ -70,6 +70,10 @@ def _one(shape):
     return lambda dtype, device: [_randn(shape, dtype, device)]
 
 
+def _two(shape):
+    return lambda dtype, device: [_randn(shape, dtype, device), _randn(shape, dtype, device, seed=1)]
+
+
 # name -> (model(dtype), inputs(dtype, device), default shape of the reduced input). Each is
 # traced through the backend's pass and gives one task of kind "reduction".
 CASES = {
@@ -80,6 +84,8 @@ CASES = {
     "logsumexp": (lambda dt: Fn(lambda x: torch.logsumexp(x, -1)), _one, (8, 1000)),
     "sum_last": (lambda dt: Fn(lambda x: x.sum(-1)), _one, (8, 1000)),
     "mean_dim1": (lambda dt: Fn(lambda x: x.mean(1)), _one, (4, 16, 32)),
+    "sum_columns": (lambda dt: Fn(lambda x: x.sum(0)), _one, (300, 40)),
+    "mse_loss": (lambda dt: Fn(lambda x, y: F.mse_loss(x, y)), _two, (8, 100)),
     "amax_last": (lambda dt: Fn(lambda x: x.amax(-1)), _one, (8, 1000)),
     "amin_keepdim": (lambda dt: Fn(lambda x: x.amin(-1, keepdim=True) * 2), _one, (8, 1000)),
     "var_last": (lambda dt: Fn(lambda x: x.var(-1)), _one, (8, 1000)),
@@ -220,6 +226,30 @@ def test_reductions_over_a_strided_dim_run_threads_across_rows():
     assert (plan.outer, plan.inner) == ((4, 32), (16,))
     assert plan.accesses[0].outer == (512, 1) and plan.accesses[0].inner == (32,)
     assert all(launch.threads <= 32 and launch.rows >= 32 for launch in launch_configs(plan))
+
+
+def test_few_long_rows_are_split_over_a_cooperative_grid():
+    """16 rows of 393216 fill 16 blocks, or 128 in clusters of 8: they are also offered split
+    over 512 blocks of a cooperative grid (four an SM), each block's partials through the
+    workspace; a loss over a whole tensor (one row) over 512 blocks too."""
+    plan = build_plan(resized(case_task("sum_last", f32), (16, 393216)))
+    split = [c for c in launch_configs(plan) if c.split > 1]
+    assert [(c.threads, c.split) for c in split] == [(256, 32), (256, 16)]
+    assert tag(plan, split[0]) == "t256r1v4g32" and grid_blocks(plan, split[0]) == 512
+    assert workspace_bytes(plan, split[0]) == 8 * 16 * 32
+    source = kernel_source(plan, "k", split[0])
+    assert "unsigned char* ws)" in source and "grid.sync();" in source and "if (t == 0) ws0[blockIdx.x] = acc" in source
+    assert "if (row_ok && t == 0 && blockIdx.x % 32 == 0)" in source
+    whole = build_plan(resized(case_task("mse_loss", f32), (8192, 4096), (8192, 4096)))
+    assert (whole.rows, whole.row_length) == (1, 8192 * 4096)
+    assert [c.split for c in launch_configs(whole) if c.split > 1] == [512, 256]
+    # a long row held on chip: split at 32 where a slice takes 25 KB of shared memory at most (bf16:
+    # 24 KB), not where it would take more (fp32: 48 KB); many rows: no split
+    softmax = build_plan(resized(case_task("softmax", bf16), (16, 393216)))
+    assert [tag(softmax, c) for c in launch_configs(softmax)] == ["t1024r1v8c8", "t1024r1v8sc4", "t256r1v8sg32"]
+    assert all(c.split == 1 for c in launch_configs(build_plan(resized(case_task("softmax", f32), (16, 393216)))))
+    for name in ("softmax", "sum_last"):
+        assert all(c.split == 1 for c in launch_configs(build_plan(case_task(name, f32))))
 
 
 def test_logsumexp_is_one_task_with_its_views_and_constant():
@@ -378,12 +408,13 @@ def test_launch_shapes_follow_the_row_length():
     softmax = case_task("softmax", bf16)
     assert _tags(resized(softmax, (4096, 7))) == ["t1r32v1", "t2r16v1", "t4r16v1"]
     assert _tags(softmax) == ["t16r2v8", "t32r1v8", "t64r1v8"]  # 125 vectors of 8
-    # 393216 elements of fp32: only a cluster of 8 blocks holds a row (192 KB of shared memory each)
+    # 393216 elements of fp32: only a cluster of 8 blocks holds a row (192 KB of shared memory
+    # each); of bf16, also 32 blocks of a cooperative grid (24 KB each)
     assert _tags(resized(case_task("softmax", f32), (16, 393216))) == ["t1024r1v4sc8"]
-    assert _tags(resized(case_task("softmax", bf16), (16, 393216))) == ["t1024r1v8c8", "t1024r1v8sc4"]
-    # a sum streams: few long rows are split over a cluster, combined through its shared memory
+    assert _tags(resized(case_task("softmax", bf16), (16, 393216))) == ["t1024r1v8c8", "t1024r1v8sc4", "t256r1v8sg32"]
+    # a sum streams: few long rows are split over a grid, or a cluster
     assert _tags(resized(case_task("sum_last", f32), (1, 393216))) == [
-        "t1024r1v4", "t1024r1v4c8", "t1024r1v4c4", "t512r1v4c8"]
+        "t1024r1v4", "t256r1v4g64", "t256r1v4g32", "t1024r1v4c8", "t1024r1v4c4", "t512r1v4c8"]
     assert _tags(resized(case_task("sum_last", f32), (4096, 1000))) == ["t32r4v4", "t128r1v4"]
 
 
@@ -401,8 +432,8 @@ def _nvcc() -> str | None:
 
 def _kernel_sources() -> dict[str, str]:
     """Every kernel (main and fallback) the candidates of a dozen tasks carry, over fp32/bf16/fp16,
-    short and long rows, clusters and rows strided in memory; the first candidate's kernel of
-    every other case; and one with 64-bit indexing."""
+    short and long rows, clusters, rows split over a grid and rows strided in memory; the first
+    candidate's kernel of every other case; and one with 64-bit indexing."""
     every = {
         "softmax_bf16": case_task("softmax", bf16), "softmax_fp16": case_task("softmax", f16),
         "logsumexp_fp32": case_task("logsumexp", f32), "var_bf16": case_task("var_last", bf16),
@@ -413,6 +444,8 @@ def _kernel_sources() -> dict[str, str]:
         "softmax_bf16_long": resized(case_task("softmax", bf16), (16, 393216)),
         "sum_fp32_one_long_row": resized(case_task("sum_last", f32), (1, 393216)),
         "sum_bf16_short_rows": resized(case_task("sum_last", bf16), (4096, 7)),
+        "amax_bf16_long": resized(case_task("amax_last", bf16), (16, 393216)),
+        "mse_fp16_whole": resized(case_task("mse_loss", f16), (8192, 4096), (8192, 4096)),
         "cross_entropy_losses": _cross_entropy_tasks(bf16, 64, 32000)[0],
         "cross_entropy_mean": _cross_entropy_tasks()[1],
     }
@@ -467,12 +500,24 @@ def test_candidates_are_launch_specs_of_the_planned_kernels(monkeypatch):
                 (-(-8 // launch.rows), 1, 1), (launch.threads * launch.rows, 1, 1), shared_bytes(plan, shape))
 
 
+def test_split_rows_are_cooperative_launch_specs_with_a_workspace(monkeypatch):
+    """A row split over a cooperative grid: the op launches it cooperatively (so it fails, not
+    hangs, where the grid cannot all be resident) and gives it its workspace, the fallback too."""
+    plan = build_plan(resized(case_task("amax_last", bf16), (16, 393216)))
+    launch = next(c for c in launch_configs(plan) if c.split > 1)
+    spec = launch_spec_of(model_source(plan, launch), monkeypatch)
+    workspace = Arg.workspace(workspace_bytes(plan, launch))
+    assert [(k.grid, k.block, k.cooperative, k.args[-1]) for k in spec.kernels] == [
+        ((grid_blocks(plan, launch), 1, 1), (256, 1, 1), True, workspace)] * 2
+    assert spec.to_json()[0]["kernels"][0]["cooperative"] is True
+
+
 def test_cluster_candidates_are_launch_specs_with_their_cluster(monkeypatch):
     """A row held across a cluster of 8 blocks: the C++ launch op launches it as a cluster (no
     Python per call), its scalar fallback too."""
     task = resized(case_task("softmax", f32), (16, 393216))
     plan = build_plan(task)
-    (launch,) = launch_configs(plan)
+    launch = launch_configs(plan)[0]
     spec = launch_spec_of(model_source(plan, launch), monkeypatch)
     assert [(k.grid, k.block, k.shared_mem, k.cluster) for k in spec.kernels] == [
         ((128, 1, 1), (1024, 1, 1), 196608, (8, 1, 1)),

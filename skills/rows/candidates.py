@@ -7,13 +7,16 @@ import string
 from agent_backend.specs import Candidate
 from skills.pointwise.errors import Unsupported
 
-from .codegen import Launch, buffer_bytes, is_vector_access, grid_blocks, kernel_source, shared_bytes, vectors_per_thread
+from .codegen import (TYPICAL_SM_COUNT, Launch, buffer_bytes, grid_blocks, is_vector_access, kernel_source,
+                      shared_bytes, vectors_per_thread, workspace_bytes)
 from .plan import RowPlan
 
-TYPICAL_SM_COUNT = 132     # H100/H200: to spread few rows over enough blocks
 REGISTER_WORDS = 32        # 32-bit registers a thread may spend on its part of the on-chip rows
 SHARED_BYTES = 200 * 1024  # dynamic shared memory a block may spend on them (227 KB on sm_90)
 MAX_CLUSTER = 8            # the portable thread-block cluster size
+# A split row's blocks: 256 threads each, at most four an SM (half its threads), so that the
+# cooperative grid is resident at up to 64 registers a thread.
+SPLIT_THREADS, SPLIT_BLOCKS = 256, 4 * TYPICAL_SM_COUNT
 MAX_BLOCK = 1024
 
 
@@ -56,6 +59,7 @@ def _along_rows(plan: RowPlan) -> list[Launch]:
     if not plan.stored:  # one sweep, nothing held: the fewest threads with at most 8 or 2 vectors each
         configs = [next(c for c in shapes if vectors_per_thread(plan, c) <= per_thread or c.threads == MAX_BLOCK)
                    for per_thread in (8, 2)]
+        configs += _split_rows(plan)
         cluster = 1
         while (cluster < MAX_CLUSTER and plan.rows * cluster * 2 <= TYPICAL_SM_COUNT
                and vectors >= MAX_BLOCK * cluster * 2 * 4):
@@ -85,7 +89,28 @@ def _along_rows(plan: RowPlan) -> list[Launch]:
                     configs.append(c)
                     break
                 cluster *= 2
+        configs += _split_rows(plan)
     return configs
+
+
+def _split_rows(plan: RowPlan) -> list[Launch]:
+    """Few long rows (a sum or softmax of 16 x 393216, a loss over a whole tensor), each split
+    over enough blocks of a cooperative grid to fill every SM, at least 4 vectors a thread: a
+    sweep at that split and half of it; rows held on chip at that split, in registers where
+    they fit in half the words (four blocks an SM), else in shared memory, 25 KB a block (on an
+    H100 four blocks of 48 KB were refused as a cooperative launch; of 24 KB, they ran)."""
+    width = plan.vector_width
+    vectors = plan.row_length // width
+    split = 1
+    while plan.rows * split * 2 <= SPLIT_BLOCKS and vectors >= SPLIT_THREADS * split * 2 * 4:
+        split *= 2
+    if split < 4:
+        return []
+    if not plan.stored:
+        return [Launch(SPLIT_THREADS, 1, width, split=split), Launch(SPLIT_THREADS, 1, width, split=split // 2)]
+    held = [Launch(SPLIT_THREADS, 1, width, storage, split=split) for storage in ("registers", "shared")]
+    fits = [_words(plan, held[0]) <= REGISTER_WORDS // 2, shared_bytes(plan, held[1]) <= SHARED_BYTES // 8]
+    return [next(c for c, ok in zip(held, fits) if ok)] if any(fits) else []
 
 
 def _across_rows(plan: RowPlan) -> list[Launch]:
@@ -108,13 +133,13 @@ def tag(plan: RowPlan, launch: Launch) -> str:
         return f"y{launch.threads}r{launch.rows}"
     return (f"t{launch.threads}r{launch.rows}v{launch.width}"
             + ("s" if launch.storage == "shared" and plan.stored else "")
-            + (f"c{launch.cluster}" if launch.cluster > 1 else ""))
+            + (f"c{launch.cluster}" if launch.cluster > 1 else "") + (f"g{launch.split}" if launch.split > 1 else ""))
 
 
 def propose_candidates(plan: RowPlan) -> list[Candidate]:
     return [Candidate(model_source(plan, c), f"builtin:rows:{tag(plan, c)}",
                       {"threads": c.threads, "rows": c.rows, "vector_width": c.width, "storage": c.storage,
-                       "cluster": c.cluster, "along_rows": plan.along_rows})
+                       "cluster": c.cluster, "split": c.split, "along_rows": plan.along_rows})
             for c in launch_configs(plan)]
 
 
@@ -125,7 +150,7 @@ OUTPUTS = $outputs
 KERNEL_NAME = "$name"
 
 MAIN_SOURCE = r\'\'\'$main_source\'\'\'
-MAIN_LAUNCH = $main_launch  # (grid, block, dynamic shared memory$cluster_note)
+MAIN_LAUNCH = $main_launch  # (grid, block, dynamic shared memory, cluster, split-row workspace bytes)
 # Bytes each input's data pointer must be a multiple of for MAIN's vector loads; where one is
 # not, FALLBACK (the same computation, one element per access) runs instead.
 MAIN_ALIGNMENT = $alignment
@@ -145,9 +170,11 @@ from agent_backend.specs import TensorSpec
 
 
 def _launch(source, launch, alignment=()):
-    grid, block, shared, *cluster = launch
-    return KernelLaunch.compile(source, KERNEL_NAME, grid=grid, block=block, args=ARGS, shared_mem=shared,
-                                alignment=alignment, cluster=cluster[0] if cluster else 1)
+    grid, block, shared, cluster, workspace = launch
+    # a split row's blocks synchronise the grid: a cooperative launch, given its workspace
+    return KernelLaunch.compile(source, KERNEL_NAME, grid=grid, block=block,
+                                args=ARGS + ([Arg.workspace(workspace)] if workspace else []), shared_mem=shared,
+                                alignment=alignment, cluster=cluster, cooperative=workspace > 0)
 
 
 KERNELS = [_launch(MAIN_SOURCE, MAIN_LAUNCH, MAIN_ALIGNMENT)]
@@ -158,28 +185,26 @@ ModelNew = launch_spec_model(LaunchSpec(inputs=[TensorSpec(*s, "cuda") for s in 
 ''')
 
 def launch_arguments(plan: RowPlan, launch: Launch) -> tuple:
-    """(grid, block, dynamic shared memory), and the cluster size for a cluster launch."""
+    """(grid, block, dynamic shared memory, cluster size, workspace bytes of a split row)."""
     block = (launch.threads * launch.rows,) if plan.along_rows else (launch.rows, launch.threads)
-    arguments = (grid_blocks(plan, launch), block, shared_bytes(plan, launch))
-    return arguments + (launch.cluster,) if launch.cluster > 1 else arguments
+    return grid_blocks(plan, launch), block, shared_bytes(plan, launch), launch.cluster, workspace_bytes(plan, launch)
 
 
 def model_source(plan: RowPlan, launch: Launch) -> str:
     """KernelBench-style program whose ModelNew runs `plan` with `launch` (a launch spec),
     compiled for the current GPU at import."""
     name = f"rows_{tag(plan, launch)}"
-    scalar = Launch(launch.threads, launch.rows, 1, launch.storage, launch.cluster)
+    scalar = Launch(launch.threads, launch.rows, 1, launch.storage, launch.cluster, launch.split)
     fallback = kernel_source(plan, name, scalar) if launch.width > 1 else None
     alignment = [1] * len(plan.inputs)
     for k, a in enumerate(plan.accesses):
         if not a.per_row and is_vector_access(plan, k, launch.width):
             itemsize = plan.inputs[a.input].torch_dtype.itemsize
             alignment[a.input] = max(alignment[a.input], launch.width * itemsize)
-    clustered = launch.cluster > 1
+    spread = (f", a cluster of {launch.cluster} blocks a row," if launch.cluster > 1 else
+              f", {launch.split} blocks of a cooperative grid a row," if launch.split > 1 else "")
     return _SPEC_MODEL.substitute(
-        tag=tag(plan, launch), name=name,
-        how=(f", a cluster of {launch.cluster} blocks a row," if clustered else "") + " and run by the C++ launch op",
-        cluster_note=", cluster" if clustered else "",
+        tag=tag(plan, launch), name=name, how=spread + " and run by the C++ launch op",
         inputs=_signatures(plan.inputs), outputs=_signatures(o.spec for o in plan.outputs),
         main_source=kernel_source(plan, name, launch), main_launch=launch_arguments(plan, launch),
         alignment=tuple(alignment),

@@ -1,23 +1,25 @@
 """RowPlan + launch shape -> the CUDA C source of one row kernel.
 
 A row is taken by `threads` threads (a sub-warp, a warp or several warps), `rows` rows a block,
-or, for long rows, by a cluster of `cluster` blocks, each taking one slice of it. Thread t reads
+or, for long rows, by a cluster of `cluster` blocks, or by `split` blocks of a cooperative grid,
+each block taking one slice of it. Thread t reads
 the vectors t, t + threads, ... of its slice (`width` elements each), so a warp's accesses are
 contiguous. Inputs read by more than one pass are loaded once, into registers (`storage`
 "registers": a fully unrolled array) or shared memory ("shared"), and every pass works on that
 copy; inputs read by one pass only are read from global memory there. After each pass the
 partial results are combined across the row's threads: warp shuffles, then shared memory across
-the warps of a row, then distributed shared memory across the blocks of a cluster; every thread
-combines in the same order, so all hold the same per-row values.
+the warps of a row, then distributed shared memory across the blocks of a cluster, or global
+memory (a workspace the launch op allocates) and grid.sync() across the blocks of a split row;
+every thread combines in the same order, so all hold the same per-row values.
 
 Plans whose rows are not contiguous but whose consecutive rows are (a reduction over dim 1 of
-(B, C, L)) get the "across rows" kernel: a block of rows x threads threads, threadIdx.x running
-over consecutive rows (so a warp's accesses are contiguous), threadIdx.y over the elements of
-each row; partials combine through shared memory.
+(B, C, L), or over the rows of a matrix: a column sum) get the "across rows" kernel: a block of
+rows x threads threads, threadIdx.x running over consecutive rows (so a warp's accesses are
+contiguous), threadIdx.y over the elements of each row; partials combine through shared memory.
 
 Sizes and strides are constants in the source; the kernel takes only pointers: inputs, then
-outputs. No thread returns early: out-of-range rows only skip their loads and stores, so every
-thread reaches every barrier.
+outputs, then, for a split row, the workspace. No thread returns early: out-of-range rows only
+skip their loads and stores, so every thread reaches every barrier.
 """
 from __future__ import annotations
 
@@ -35,6 +37,7 @@ from .plan import IDENTITY, Partial, Pass, RowPlan
 # never less accurate than the reference's fp32 sums (the verifier allows twice its error).
 # H100/H200 add doubles at half the fp32 rate, far above what a memory-bound row needs.
 ACCUMULATOR = {"sum": "double", "max": "float", "min": "float"}
+TYPICAL_SM_COUNT = 132  # H100/H200: how many blocks of a split row's cooperative grid each SM must hold
 COMBINE = {"sum": "({a} + {b})", "max": "pw_maximum({a}, {b})", "min": "pw_minimum({a}, {b})"}
 WARP = 32
 
@@ -46,15 +49,20 @@ class Launch:
     width: int = 1          # elements per access (1, or a width dividing plan.vector_width)
     storage: str = "registers"  # where inputs read by several passes are kept: "registers" or "shared"
     cluster: int = 1        # blocks per row (a thread-block cluster); the row is split into slices
+    split: int = 1          # or blocks per row of a cooperative grid, combining through global memory
 
     @property
     def block(self) -> int:
         return self.threads * self.rows
 
+    @property
+    def blocks_per_row(self) -> int:
+        return self.cluster * self.split
+
 
 def slice_vectors(plan: RowPlan, launch: Launch) -> int:
-    """Vectors of one row each block of a cluster takes."""
-    return -(-(plan.row_length // launch.width) // launch.cluster)
+    """Vectors of one row each block of a cluster (or of a split row) takes."""
+    return -(-(plan.row_length // launch.width) // launch.blocks_per_row)
 
 
 def vectors_per_thread(plan: RowPlan, launch: Launch) -> int:
@@ -62,7 +70,17 @@ def vectors_per_thread(plan: RowPlan, launch: Launch) -> int:
 
 
 def grid_blocks(plan: RowPlan, launch: Launch) -> int:
-    return -(-plan.rows // launch.rows) * launch.cluster
+    return -(-plan.rows // launch.rows) * launch.blocks_per_row
+
+
+def workspace_bytes(plan: RowPlan, launch: Launch) -> int:
+    """Global memory a split row's blocks exchange their partials through: 8 bytes a partial,
+    a block and a row (each pass's partials have their own, so no pass overwrites what another
+    block may still read)."""
+    if launch.split == 1:
+        return 0
+    partials = sum(len(p.partials) for p in plan.passes)
+    return 8 * partials * plan.rows * launch.split
 
 
 def shared_bytes(plan: RowPlan, launch: Launch) -> int:
@@ -95,12 +113,15 @@ class _Writer:
     def __init__(self, plan: RowPlan, launch: Launch):
         if launch.width > 1 and (plan.vector_width % launch.width or not plan.along_rows):
             raise ValueError(f"width {launch.width} does not divide the plan's vector width {plan.vector_width}")
-        if launch.cluster > 1 and (launch.rows != 1 or not plan.along_rows):
-            raise ValueError("a cluster takes one row, along it")
+        if launch.blocks_per_row > 1 and (launch.rows != 1 or not plan.along_rows):
+            raise ValueError("a row split over blocks is one row a block, along it")
+        if launch.cluster > 1 and launch.split > 1:
+            raise ValueError("a row is split over a cluster or over a cooperative grid, not both")
         if launch.storage == "shared" and not plan.along_rows:
             raise ValueError("rows are held in shared memory only along rows")
         self.plan, self.launch = plan, launch
-        self.V, self.T, self.R, self.C = launch.width, launch.threads, launch.rows, launch.cluster
+        self.V, self.T, self.R, self.C, self.S = launch.width, launch.threads, launch.rows, launch.cluster, launch.split
+        self.B = launch.blocks_per_row
         self.E = vectors_per_thread(plan, launch)
         self.SV = slice_vectors(plan, launch)
         self.NV = plan.row_length // launch.width
@@ -111,7 +132,8 @@ class _Writer:
         plan = self.plan
         params = ([f"const {operand_info(s.torch_dtype).storage}* __restrict__ in{k}"
                    for k, s in enumerate(plan.inputs)]
-                  + [f"{dtype_info(o.spec.torch_dtype).storage}* __restrict__ out{k}" for k, o in enumerate(plan.outputs)])
+                  + [f"{dtype_info(o.spec.torch_dtype).storage}* __restrict__ out{k}" for k, o in enumerate(plan.outputs)]
+                  + (["unsigned char* ws"] if self.S > 1 else []))
         lines = self._thread_index() + self._bases() + self._row_reads() + list(plan.prelude) + self._load_stored()
         for p in plan.passes:
             lines += self._pass(p)
@@ -121,16 +143,23 @@ class _Writer:
         if self.C > 1:  # no block may leave while another still reads its shared memory
             lines.append("cluster.sync();")
         lines = _drop_unused(lines, ["t", "slot"])
-        include = "#include <cooperative_groups.h>\nnamespace cg = cooperative_groups;\n" if self.C > 1 else ""
+        include = "#include <cooperative_groups.h>\nnamespace cg = cooperative_groups;\n" if self.B > 1 else ""
         return f"""{include}{CONVERSIONS}
 {DEVICE_FUNCTIONS}
 
 typedef {"long long" if plan.wide_index else "int"} idx_t;
 
-extern "C" __global__ void __launch_bounds__({self.launch.block}) {name}({", ".join(params)}) {{
+extern "C" __global__ void __launch_bounds__({self._bounds()}) {name}({", ".join(params)}) {{
 {_indent(lines, 2)}
 }}
 """
+
+    def _bounds(self) -> str:
+        """The block size, and for a cooperative grid the blocks an SM must hold (so the compiler
+        keeps registers within what lets the whole grid be resident)."""
+        if self.S == 1:
+            return str(self.launch.block)
+        return f"{self.launch.block}, {-(-grid_blocks(self.plan, self.launch) // TYPICAL_SM_COUNT)}"
 
     def _thread_index(self) -> list[str]:
         """t: the thread's place in its row; slot: its row in the block; row: the row index."""
@@ -139,13 +168,16 @@ extern "C" __global__ void __launch_bounds__({self.launch.block}) {name}({", ".j
                      f"const idx_t row = (idx_t)blockIdx.x * {self.R} + slot;"]
         elif self.R == 1:
             lines = ["const int t = threadIdx.x;", "const int slot = 0;",
-                     f"const idx_t row = (idx_t)blockIdx.x{f' / {self.C}' if self.C > 1 else ''};"]
+                     f"const idx_t row = (idx_t)blockIdx.x{f' / {self.B}' if self.B > 1 else ''};"]
         else:
             lines = [f"const int t = threadIdx.x % {self.T};", f"const int slot = threadIdx.x / {self.T};",
                      f"const idx_t row = (idx_t)blockIdx.x * {self.R} + slot;"]
         if self.C > 1:
             lines += ["cg::cluster_group cluster = cg::this_cluster();",
                       "const idx_t slice0 = (idx_t)cluster.block_rank() * " + str(self.SV) + ";"]
+        if self.S > 1:
+            lines += ["cg::grid_group grid = cg::this_grid();",
+                      f"const idx_t slice0 = (idx_t)(blockIdx.x % {self.S}) * {self.SV};"]
         lines.append(f"const bool row_ok = row < {self.plan.rows};")
         return lines
 
@@ -231,9 +263,9 @@ extern "C" __global__ void __launch_bounds__({self.launch.block}) {name}({", ".j
     def _loop(self, body: list[str]) -> list[str]:
         """`body` for every vector of the thread's slice of the row, with j0 its first element."""
         unroll = "#pragma unroll" if self.launch.storage == "registers" and self.plan.stored else "#pragma unroll 4"
-        q = "(slice0 + s)" if self.C > 1 else "s"
+        q = "(slice0 + s)" if self.B > 1 else "s"
         bounds = ["row_ok"] + ([f"s < {self.SV}"] if self.SV % self.T else [])
-        if self.C > 1 and self.SV * self.C != self.NV:
+        if self.B > 1 and self.SV * self.B != self.NV:
             bounds.append(f"{q} < {self.NV}")
         first = [f"const idx_t j0 = {q} * {self.V};"] if any("j0" in line for line in body) else []
         index = [f"  const idx_t s = (idx_t)e * {self.T} + t;"] if first or len(bounds) > 1 else []
@@ -272,6 +304,17 @@ extern "C" __global__ void __launch_bounds__({self.launch.block}) {name}({", ".j
         partials = work.partials
         if not self.plan.along_rows:
             return self._combine_across_rows(work)
+        lines = self._combine_in_block(partials)
+        if self.C > 1:  # then the blocks of a cluster, through distributed shared memory
+            lines += self._through_shared(partials, lambda i: f"cred{i}", lambda i: f"cred{i}", "t == 0",
+                                          "cluster.sync();", lambda i, at: f"*cluster.map_shared_rank(&cred{i}, {at})",
+                                          "c", self.C)
+        if self.S > 1:
+            lines += self._through_global(partials)
+        return lines
+
+    def _combine_in_block(self, partials) -> list[str]:
+        """Shuffles within each warp, then shared memory across the row's warps."""
         lines = []
         lanes = min(self.T, WARP)
         if lanes > 1:
@@ -283,11 +326,28 @@ extern "C" __global__ void __launch_bounds__({self.launch.block}) {name}({", ".j
             lines += self._through_shared(partials, lambda i: f"red{i}[{self.R}][{warps}]",
                                           lambda i: f"red{i}[slot][t / {WARP}]", f"t % {WARP} == 0",
                                           "__syncthreads();", lambda i, at: f"red{i}[slot][{at}]", "w", warps)
-        if self.C > 1:  # then the blocks of a cluster, through distributed shared memory
-            lines += self._through_shared(partials, lambda i: f"cred{i}", lambda i: f"cred{i}", "t == 0",
-                                          "cluster.sync();", lambda i, at: f"*cluster.map_shared_rank(&cred{i}, {at})",
-                                          "c", self.C)
         return lines
+
+    def _through_global(self, partials) -> list[str]:
+        """Each block's partials to its slot of the workspace (slot blockIdx.x: row * split +
+        the block's place in the row), grid.sync(), then every block combines its row's slots as
+        it combined its threads' partials: thread t takes slots t, t + threads, ..., then
+        shuffles and shared memory (in a scope of their own). Every block does the same in the
+        same order, so all hold the same value. Loads through L2 (__ldcg): the other blocks'
+        writes never sat in this SM's L1."""
+        lines, slots = [], self.plan.rows * self.S
+        for p in partials:
+            i = self.partial_index[p.acc]
+            kind = ACCUMULATOR[p.combine]
+            lines += [f"{kind}* ws{i} = reinterpret_cast<{kind}*>(ws + {8 * i * slots});",
+                      f"if (t == 0) ws{i}[blockIdx.x] = {p.acc};"]
+        lines.append("grid.sync();")
+        for p in partials:
+            i = self.partial_index[p.acc]
+            item = COMBINE[p.combine].format(a=p.acc, b=f"__ldcg(&ws{i}[row * {self.S} + g])")
+            lines += [f"{p.acc} = {IDENTITY[p.combine]};",
+                      f"for (int g = t; g < {self.S}; g += {self.T}) {p.acc} = {item};"]
+        return lines + ["{"] + ["  " + line for line in self._combine_in_block(partials)] + ["}"]
 
     def _through_shared(self, partials, declared, stored, writer: str, sync: str, slot, index: str,
                         count: int) -> list[str]:
@@ -342,7 +402,8 @@ extern "C" __global__ void __launch_bounds__({self.launch.block}) {name}({", ".j
                 stores.append(f"out{k}[out{k}_base] = {info.store.format(o.value)};")
         if not stores:
             return []
-        first = "t == 0" + (" && cluster.block_rank() == 0" if self.C > 1 else "")
+        first = ("t == 0" + (" && cluster.block_rank() == 0" if self.C > 1 else "")
+                 + (f" && blockIdx.x % {self.S} == 0" if self.S > 1 else ""))
         return [f"if (row_ok && {first}) {{"] + ["  " + s for s in stores] + ["}"]
 
 

@@ -1,7 +1,8 @@
 // A CPU stand-in for the CUDA features generated row kernels use, so their logic can be checked
 // on a machine without a GPU: every CUDA thread is an OS thread; __syncthreads, warp shuffles
-// and cluster.sync() are barriers; each block has its own shared-memory arena, and a cluster's
-// blocks run together, so map_shared_rank reaches a neighbour's arena. Not a GPU: no timing,
+// cluster.sync() and grid.sync() are barriers; each block has its own shared-memory arena, and a
+// cluster's blocks run together, so map_shared_rank reaches a neighbour's arena; a cooperative
+// launch runs all its blocks together. Not a GPU: no timing,
 // no memory model beyond what the barriers order, no alignment faults.
 //
 // tests/cuda_emulation.py rewrites a kernel's `__shared__` declarations into emu::shared<...>
@@ -65,6 +66,10 @@ struct Cluster {
   std::unique_ptr<Barrier> barrier;
 };
 
+struct Grid {
+  std::unique_ptr<Barrier> barrier;  // every thread of a cooperative launch
+};
+
 // Offsets of static shared variables, the same in every block (so a cluster can map them).
 struct Layout {
   std::mutex mutex;
@@ -74,6 +79,7 @@ struct Layout {
 
 inline Layout layout;
 thread_local Block* block = nullptr;
+thread_local Grid* grid = nullptr;
 thread_local unsigned linear = 0;
 
 inline size_t static_offset(int id, size_t bytes, size_t dynamic_bytes) {
@@ -115,6 +121,7 @@ T shuffle_xor(T value, int mask) {
 
 struct ThreadStart {
   Block* block;
+  Grid* grid;
   unsigned block_index, linear, block_x;
   const std::function<void()>* kernel;
 };
@@ -122,6 +129,7 @@ struct ThreadStart {
 inline void* run_thread(void* arg) {
   const ThreadStart& start = *static_cast<ThreadStart*>(arg);
   block = start.block;
+  grid = start.grid;
   linear = start.linear;
   blockIdx = {start.block_index, 0, 0};
   threadIdx = {start.linear % start.block_x, start.linear / start.block_x, 0};
@@ -129,17 +137,24 @@ inline void* run_thread(void* arg) {
   return nullptr;
 }
 
-// Runs `kernel` as a grid of `grid` blocks of block_x * block_y threads, `cluster` blocks at a time.
-inline void launch(unsigned grid, unsigned block_x, unsigned block_y, size_t shared_bytes, unsigned cluster,
-                   const std::function<void()>& kernel) {
-  if (grid % cluster) throw std::runtime_error("grid is not a whole number of clusters");
+// Runs `kernel` as a grid of `blocks` blocks of block_x * block_y threads, `cluster` blocks at a
+// time, or all of them at once for a cooperative launch.
+inline void launch(unsigned blocks_in_grid, unsigned block_x, unsigned block_y, size_t shared_bytes, unsigned cluster,
+                   bool cooperative, const std::function<void()>& kernel) {
+  if (blocks_in_grid % cluster) throw std::runtime_error("grid is not a whole number of clusters");
   dynamic_bytes = shared_bytes;
   const unsigned threads = block_x * block_y;
-  for (unsigned first = 0; first < grid; first += cluster) {
-    Cluster group;
-    group.barrier = std::make_unique<Barrier>(static_cast<std::ptrdiff_t>(threads * cluster));
+  const unsigned together = cooperative ? blocks_in_grid : cluster;
+  for (unsigned first = 0; first < blocks_in_grid; first += together) {
+    Grid whole;
+    whole.barrier = std::make_unique<Barrier>(static_cast<std::ptrdiff_t>(threads * together));
+    std::vector<std::unique_ptr<Cluster>> groups;
     std::vector<std::unique_ptr<Block>> blocks;
-    for (unsigned r = 0; r < cluster; ++r) {
+    for (unsigned r = 0; r < together; ++r) {
+      if (r % cluster == 0) {
+        groups.push_back(std::make_unique<Cluster>());
+        groups.back()->barrier = std::make_unique<Barrier>(static_cast<std::ptrdiff_t>(threads * cluster));
+      }
       auto b = std::make_unique<Block>();
       b->barrier = std::make_unique<Barrier>(static_cast<std::ptrdiff_t>(threads));
       b->warps = std::vector<Warp>((threads + 31) / 32);
@@ -147,15 +162,15 @@ inline void launch(unsigned grid, unsigned block_x, unsigned block_y, size_t sha
         const unsigned lanes = threads - w * 32 < 32 ? threads - w * 32 : 32;
         b->warps[w].barrier = std::make_unique<Barrier>(static_cast<std::ptrdiff_t>(lanes));
       }
-      b->cluster = &group;
-      b->rank = r;
-      group.blocks.push_back(b.get());
+      b->cluster = groups.back().get();
+      b->rank = r % cluster;
+      groups.back()->blocks.push_back(b.get());
       blocks.push_back(std::move(b));
     }
     std::vector<ThreadStart> starts;
-    starts.reserve(threads * cluster);
-    for (unsigned r = 0; r < cluster; ++r) {
-      for (unsigned t = 0; t < threads; ++t) starts.push_back({blocks[r].get(), first + r, t, block_x, &kernel});
+    starts.reserve(threads * together);
+    for (unsigned r = 0; r < together; ++r) {
+      for (unsigned t = 0; t < threads; ++t) starts.push_back({blocks[r].get(), &whole, first + r, t, block_x, &kernel});
     }
     pthread_attr_t attr;
     pthread_attr_init(&attr);
@@ -178,6 +193,11 @@ T __shfl_xor_sync(unsigned, T value, int mask) {
   return emu::shuffle_xor(value, mask);
 }
 
+template <typename T>
+T __ldcg(const T* address) {
+  return *address;
+}
+
 namespace cooperative_groups {
 struct cluster_group {
   unsigned block_rank() const { return emu::block->rank; }
@@ -190,4 +210,8 @@ struct cluster_group {
   }
 };
 inline cluster_group this_cluster() { return {}; }
+struct grid_group {
+  void sync() const { emu::grid->barrier->arrive_and_wait(); }
+};
+inline grid_group this_grid() { return {}; }
 }  // namespace cooperative_groups
