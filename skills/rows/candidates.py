@@ -1,6 +1,7 @@
 """RowPlan -> Candidates: a handful of launch shapes worth trying, each as a ModelNew program."""
 from __future__ import annotations
 
+import dataclasses
 import math
 import string
 
@@ -194,7 +195,7 @@ def model_source(plan: RowPlan, launch: Launch) -> str:
     """KernelBench-style program whose ModelNew runs `plan` with `launch` (a launch spec),
     compiled for the current GPU at import."""
     name = f"rows_{tag(plan, launch)}"
-    scalar = Launch(launch.threads, launch.rows, 1, launch.storage, launch.cluster, launch.split)
+    scalar = dataclasses.replace(launch, width=1)
     fallback = kernel_source(plan, name, scalar) if launch.width > 1 else None
     alignment = [1] * len(plan.inputs)
     for k, a in enumerate(plan.accesses):

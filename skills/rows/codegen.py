@@ -38,6 +38,7 @@ from .plan import IDENTITY, Partial, Pass, RowPlan
 # H100/H200 add doubles at half the fp32 rate, far above what a memory-bound row needs.
 ACCUMULATOR = {"sum": "double", "max": "float", "min": "float"}
 TYPICAL_SM_COUNT = 132  # H100/H200: how many blocks of a split row's cooperative grid each SM must hold
+WORKSPACE_SLOT_BYTES = 8  # a split row's partial of one block in the workspace (the widest accumulator)
 COMBINE = {"sum": "({a} + {b})", "max": "pw_maximum({a}, {b})", "min": "pw_minimum({a}, {b})"}
 WARP = 32
 
@@ -74,13 +75,13 @@ def grid_blocks(plan: RowPlan, launch: Launch) -> int:
 
 
 def workspace_bytes(plan: RowPlan, launch: Launch) -> int:
-    """Global memory a split row's blocks exchange their partials through: 8 bytes a partial,
-    a block and a row (each pass's partials have their own, so no pass overwrites what another
+    """Global memory a split row's blocks exchange their partials through: a slot a partial, a
+    block and a row (each pass's partials have their own, so no pass overwrites what another
     block may still read)."""
     if launch.split == 1:
         return 0
     partials = sum(len(p.partials) for p in plan.passes)
-    return 8 * partials * plan.rows * launch.split
+    return WORKSPACE_SLOT_BYTES * partials * plan.rows * launch.split
 
 
 def shared_bytes(plan: RowPlan, launch: Launch) -> int:
@@ -339,7 +340,7 @@ extern "C" __global__ void __launch_bounds__({self._bounds()}) {name}({", ".join
         for p in partials:
             i = self.partial_index[p.acc]
             kind = ACCUMULATOR[p.combine]
-            lines += [f"{kind}* ws{i} = reinterpret_cast<{kind}*>(ws + {8 * i * slots});",
+            lines += [f"{kind}* ws{i} = reinterpret_cast<{kind}*>(ws + {WORKSPACE_SLOT_BYTES * i * slots});",
                       f"if (t == 0) ws{i}[blockIdx.x] = {p.acc};"]
         lines.append("grid.sync();")
         for p in partials:
