@@ -64,7 +64,7 @@ class GraphReport:
 
 def rewrite(graph: fx.Graph, group: Group, key: str, task: Task) -> bool:
     """Replace the group's nodes (whose task is `task`) with the winner: a rewrite as its ATen ops
-    (inline.py; True), anything else as one call of the winner's op (runtime.op_for) and getitems
+    (inline.py; True), anything else as one call of the winner's op (runtime.call_for) and getitems
     for its outputs."""
     try:
         sub = inline.aten_graph(key, task)
@@ -78,7 +78,7 @@ def rewrite(graph: fx.Graph, group: Group, key: str, task: Task) -> bool:
     inputs, outputs = boundary(group)
     last = group.nodes[-1]
     with graph.inserting_after(last):
-        call = graph.call_function(runtime.op_for(key), (key, runtime.program_arg(task.program), inputs))
+        call = graph.call_function(*runtime.call_for(key, runtime.program_arg(task.program), inputs))
     call.meta["val"] = [o.meta["val"] for o in outputs]
     anchor = call
     for i, out in enumerate(outputs):

@@ -1,7 +1,8 @@
 """Runtime dispatch: a verified winner runs in place of its subgraph through one custom op.
 
 A winner whose candidate is a launch spec (env/launch_spec.py) is called as
-`torch.ops.cuda_agent.launch(key, program, inputs)`: the C++ op (env/launch_op.py) checks the
+`torch.ops.cuda_agent.launch.in<N>(key, program, *inputs)` (N inputs one by one; a list past
+eight): the C++ op (env/launch_op.py) checks the
 inputs, allocates the outputs and launches, with no Python in the call. Any other winner is
 called as `torch.ops.cuda_agent.run_winner(key, program, inputs)`, an op with a Python kernel
 that runs its ModelNew. Inductor sees an opaque extern kernel whose outputs come from the op's fake (Meta)
@@ -82,7 +83,7 @@ class Winner:
                 forward = model.forward
             if self.spec is not None:
                 launch_op.register(self.key, self.spec, device.index if device.type == "cuda" else None)
-                forward = launch_op.launcher_for(self.key)
+                forward = launch_op.launcher(self.key, "", len(self.spec.inputs))
             self.forwards[device] = forward
         return forward
 
@@ -168,14 +169,13 @@ def as_called_by_a_graph(model: torch.nn.Module, outputs: tuple[TensorSpec, ...]
     (or forget(PROFILED_KEY))."""
     spec = launch_op.spec_of(type(model))
     if spec is not None:
-        op, key = torch.ops.cuda_agent.launch.default, spec.digest
-    else:
-        if device.type == "cuda" and device.index is None:
-            device = torch.device("cuda", torch.cuda.current_device())
-        register(Winner(PROFILED_KEY, "", outputs, "profiled", forwards={device: model.forward}))
-        op, key = torch.ops.cuda_agent.run_winner.default, PROFILED_KEY
-    arg = program_arg(program)
-    return (lambda *inputs: op(key, arg, list(inputs))), str(op.name())
+        op = launch_op.launch_overload(len(spec.inputs))
+        return launch_op.launcher(spec.digest, program_arg(program), len(spec.inputs)), str(op.name())
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    register(Winner(PROFILED_KEY, "", outputs, "profiled", forwards={device: model.forward}))
+    op, arg = torch.ops.cuda_agent.run_winner.default, program_arg(program)
+    return (lambda *inputs: op(PROFILED_KEY, arg, list(inputs))), str(op.name())
 
 
 def forget(key: str) -> None:
@@ -183,13 +183,13 @@ def forget(key: str) -> None:
         _registry.pop(key, None)
 
 
-def op_for(key: str):
-    """The op a graph calls for the winner registered under `key`: the launch op for a launch
-    spec, else run_winner. Both take (key, program, inputs)."""
+def call_for(key: str, program: str, inputs: list) -> tuple[torch._ops.OpOverload, tuple]:
+    """The op a graph calls for the winner registered under `key`, and its arguments: the launch
+    op for a launch spec (launch_op.launch_call), else run_winner(key, program, inputs)."""
     winner = _registry.get(key)
     if winner is not None and winner.spec is not None:
-        return torch.ops.cuda_agent.launch.default
-    return torch.ops.cuda_agent.run_winner.default
+        return launch_op.launch_call(key, program, inputs)
+    return torch.ops.cuda_agent.run_winner.default, (key, program, list(inputs))
 
 
 def _conform(out: torch.Tensor, spec: TensorSpec) -> torch.Tensor:

@@ -63,17 +63,25 @@ def compile_times(compiler: str, runs: int) -> dict:
 
 def launch_overhead_us(launch, *, per_round: int = 200, rounds: int = 30) -> float:
     """Median host time per launch, in microseconds, over rounds of back-to-back launches."""
-    for _ in range(per_round):
-        launch()
-    torch.cuda.synchronize()
-    per_launch = []
-    for _ in range(rounds):
-        started = time.perf_counter()
+    return interleaved_overhead_us({"": launch}, per_round=per_round, rounds=rounds)[""]
+
+
+def interleaved_overhead_us(ways: dict, *, per_round: int = 200, rounds: int = 30) -> dict[str, float]:
+    """launch_overhead_us of each way, the ways taking turns round by round (A, B, A, B), so that
+    a drift of the machine's speed falls on all of them alike."""
+    for launch in ways.values():
         for _ in range(per_round):
             launch()
-        per_launch.append((time.perf_counter() - started) / per_round)
-        torch.cuda.synchronize()
-    return statistics.median(per_launch) * 1e6
+    torch.cuda.synchronize()
+    per_launch = {name: [] for name in ways}
+    for _ in range(rounds):
+        for name, launch in ways.items():
+            started = time.perf_counter()
+            for _ in range(per_round):
+                launch()
+            per_launch[name].append((time.perf_counter() - started) / per_round)
+            torch.cuda.synchronize()
+    return {name: statistics.median(times) * 1e6 for name, times in per_launch.items()}
 
 
 def main() -> None:

@@ -4,11 +4,13 @@ each way a compiled graph (or the verifier) may call it, against a bare launch o
     python benchmarks/dispatch_overhead.py [--out results.json]
 
 Ways, all on a (1024,) float32 input, launched back to back (no synchronisation inside the
-timed loop; see compile_and_launch.launch_overhead_us):
+timed loop; the ways take turns round by round: compile_and_launch.interleaved_overhead_us):
   bare launch             the launcher's Kernel.launch into a preallocated output
   bare launch + empty     the same with the output allocated per call (the least any forward does)
-  launch op               torch.ops.cuda_agent.launch.default(key, program, [x]), as Inductor's
-                          wrapper calls a launch-spec winner (program: a task-sized string)
+  launch op               torch.ops.cuda_agent.launch.in1(key, program, x), as Inductor's wrapper
+                          calls a launch-spec winner (program: a task-sized string)
+  launch op, list         torch.ops.cuda_agent.launch.default(key, program, [x]), the inputs as a
+                          list (what graphs called until 2026-11-25)
   launch op via ModelNew  the launch-spec ModelNew called as a module (what the verifier calls)
   run_winner (old path)   torch.ops.cuda_agent.run_winner around a Python ModelNew written as
                           the pointwise template wrote them before launch specs
@@ -31,7 +33,7 @@ from agent_backend.env import launch_op  # noqa: E402
 from agent_backend.env.fast_kernel import load_kernel  # noqa: E402
 from agent_backend.env.launch_spec import Arg, KernelLaunch, LaunchSpec  # noqa: E402
 from agent_backend.specs import TensorSpec  # noqa: E402
-from compile_and_launch import launch_overhead_us  # noqa: E402
+from compile_and_launch import interleaved_overhead_us  # noqa: E402
 from output import emit  # noqa: E402
 
 N = 1024
@@ -77,23 +79,24 @@ def measure() -> dict:
         ADD_ONE, "add_one", grid=(N + 255) // 256, block=256, args=(Arg.input(0), Arg.output(0), Arg("i32", N))),))
     model_class = launch_op.launch_spec_model(spec)
     launch_model = model_class()
-    op = torch.ops.cuda_agent.launch.default
+    op, list_op = torch.ops.cuda_agent.launch.in1, torch.ops.cuda_agent.launch.default
     python_model = PythonModelNew(kernel)
     device = torch.device("cuda", torch.cuda.current_device())
     runtime.register(runtime.Winner("bench: old path", "", (vector,), "bench", forwards={device: python_model.forward}))
     run_winner = torch.ops.cuda_agent.run_winner.default
     grid = (N + 255) // 256
 
-    assert torch.equal(op(spec.digest, PROGRAM, [x])[0], x + 1), "the launch op computes something else"
+    assert torch.equal(op(spec.digest, PROGRAM, x)[0], x + 1), "the launch op computes something else"
     assert torch.equal(run_winner("bench: old path", PROGRAM, [x])[0], x + 1)
-    us = {
-        "bare launch": launch_overhead_us(lambda: kernel.launch(grid, 256, [x, out, N])),
-        "bare launch + empty": launch_overhead_us(
-            lambda: kernel.launch(grid, 256, [x, torch.empty_strided((N,), (1,), device=x.device), N])),
-        "launch op": launch_overhead_us(lambda: op(spec.digest, PROGRAM, [x])),
-        "launch op via ModelNew": launch_overhead_us(lambda: launch_model(x)),
-        "run_winner (old path)": launch_overhead_us(lambda: run_winner("bench: old path", PROGRAM, [x])),
-    }
+    us = interleaved_overhead_us({
+        "bare launch": lambda: kernel.launch(grid, 256, [x, out, N]),
+        "bare launch + empty": lambda: kernel.launch(
+            grid, 256, [x, torch.empty_strided((N,), (1,), device=x.device), N]),
+        "launch op": lambda: op(spec.digest, PROGRAM, x),
+        "launch op, list": lambda: list_op(spec.digest, PROGRAM, [x]),
+        "launch op via ModelNew": lambda: launch_model(x),
+        "run_winner (old path)": lambda: run_winner("bench: old path", PROGRAM, [x]),
+    })
     bare = us["bare launch"]
     return {
         "device": torch.cuda.get_device_name(),

@@ -290,9 +290,11 @@ def test_a_launch_spec_winner_is_called_through_the_launch_op():
     spec = _launch_spec(_swish_task(Net(), torch.randn(4, 16)))
     runtime.register(runtime.Winner("spec winner", "", spec.outputs, "test", spec=spec))
     runtime.register(runtime.Winner("python winner", SWISH_BIAS, spec.outputs, "test"))
-    assert runtime.op_for("spec winner") is torch.ops.cuda_agent.launch.default
-    assert runtime.op_for("python winner") is torch.ops.cuda_agent.run_winner.default
-    assert runtime.op_for("nothing registered") is torch.ops.cuda_agent.run_winner.default
+    x, b = torch.randn(4, 16), torch.randn(16)
+    assert runtime.call_for("spec winner", "p", [x, b]) == (torch.ops.cuda_agent.launch.in2, ("spec winner", "p", x, b))
+    assert runtime.call_for("python winner", "p", [x, b]) == (torch.ops.cuda_agent.run_winner.default,
+                                                              ("python winner", "p", [x, b]))
+    assert runtime.call_for("nothing registered", "p", [x])[0] is torch.ops.cuda_agent.run_winner.default
 
 
 def test_a_replayed_graph_gets_the_launch_spec_from_the_cache_entry(cache_dir, caplog):
@@ -349,7 +351,9 @@ def test_our_ops_demand_the_exact_strides_they_were_verified_on():
     """Inductor may otherwise lay an input out anew (torch's default constraint for custom ops
     has changed between releases): a winner is verified on the graph's layout only."""
     exact = getattr(torch.Tag, "needs_exact_strides", None)
-    for op in (torch.ops.cuda_agent.launch.default, torch.ops.cuda_agent.run_winner.default):
+    launch_ops = [getattr(torch.ops.cuda_agent.launch, name) for name in torch.ops.cuda_agent.launch.overloads()]
+    assert len(launch_ops) == 9
+    for op in (*launch_ops, torch.ops.cuda_agent.run_winner.default):
         assert exact in op.tags, (op, op.tags)
 
 

@@ -59,6 +59,28 @@ def test_meta_kernel_gives_the_specs_outputs_under_fake_tensors(native):
             torch.ops.cuda_agent.launch.default("nothing here", "", [x, b])
 
 
+def test_graphs_pass_up_to_eight_inputs_one_by_one_and_more_as_a_list(native):
+    """launch.in<N> (cheaper for torch.ops to parse from Python) has the same C++ kernels as the
+    list form: the Meta kernel's outputs, and its refusals, come through every overload."""
+    launch_op.register("fake-test", _spec(), None)
+    with FakeTensorMode():
+        x = torch.empty_strided(X.shape, X.stride, dtype=torch.float16, device="cuda")
+        b = torch.empty(70, dtype=torch.float16, device="cuda")
+        op, args = launch_op.launch_call("fake-test", "", [x, b])
+        assert op is torch.ops.cuda_agent.launch.in2 and args == ("fake-test", "", x, b)
+        outs = op(*args)
+        assert [(o.shape, o.dtype) for o in outs] == [((70, 33), torch.float32), ((33, 70), torch.bool)]
+        assert [o.shape for o in launch_op.launcher("fake-test", "", 2)(x, b)] == [(70, 33), (33, 70)]
+        with pytest.raises(ValueError, match="takes 2 inputs, got 3"):
+            torch.ops.cuda_agent.launch.in3("fake-test", "", x, b, b)
+    for count in range(1, 9):
+        assert launch_op.launch_overload(count) is getattr(torch.ops.cuda_agent.launch, f"in{count}")
+        for key in ("CUDA", "Meta"):
+            assert torch._C._dispatch_has_kernel_for_dispatch_key(f"cuda_agent::launch.in{count}", key)
+    many = [torch.empty(1)] * 9
+    assert launch_op.launch_call("k", "p", many) == (torch.ops.cuda_agent.launch.default, ("k", "p", many))
+
+
 def test_a_size_one_dims_stride_is_not_checked(native):
     one = TensorSpec((1, 8), (8, 1), "float32", "cuda")
     spec = LaunchSpec((one,), (one,), (KernelLaunch(b"\x7fELF", "sm_90", "k", 1, 32, (Arg.input(0), Arg.output(0))),))
@@ -120,7 +142,8 @@ def test_only_models_launch_spec_model_made_are_launch_spec_candidates():
     assert launch_op.spec_of(torch.nn.Linear) is None
 
 
-def test_a_process_that_has_not_loaded_the_op_loads_it_on_first_call(native):
+@pytest.mark.parametrize("call", ["default('unknown', '', [x])", "in1('unknown', '', x)"])
+def test_a_process_that_has_not_loaded_the_op_loads_it_on_first_call(native, call):
     """A graph replayed from Inductor's cache calls the op before anything loaded its C++
     kernels: the op's default kernel loads them and dispatches again."""
     probe = (
@@ -129,7 +152,7 @@ def test_a_process_that_has_not_loaded_the_op_loads_it_on_first_call(native):
         "assert launch_op.native.cache_info().currsize == 0\n"
         "x = torch.empty(4, device='meta')\n"
         "try:\n"
-        "    torch.ops.cuda_agent.launch.default('unknown', '', [x])\n"
+        f"    torch.ops.cuda_agent.launch.{call}\n"
         "except RuntimeError as e:\n"
         "    print(launch_op.native.cache_info().currsize, e)\n")
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=600)

@@ -70,7 +70,9 @@ def test_same_result_as_the_python_launcher_and_counted():
     before = launch_op.launch_count(key)
     (ours,) = torch.ops.cuda_agent.launch.default(key, "", [x, y])
     assert torch.equal(ours, _launcher_result(x, y))
-    assert launch_op.launch_count(key) == before + 1
+    (positional,) = torch.ops.cuda_agent.launch.in2(key, "", x, y)  # what a compiled graph calls
+    assert torch.equal(positional, ours)
+    assert launch_op.launch_count(key) == before + 2
 
 
 def test_every_argument_kind_arrives_intact():
@@ -189,7 +191,7 @@ def test_a_cooperative_grid_with_its_workspace_eagerly_and_in_a_cuda_graph():
     torch.testing.assert_close(out, x.sum().expand(blocks), rtol=1e-4, atol=1e-2)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        (captured,) = torch.ops.cuda_agent.launch.default(key, "", [x])
+        (captured,) = torch.ops.cuda_agent.launch.in1(key, "", x)
     for seed in range(2):
         torch.manual_seed(seed)
         x.copy_(torch.rand(n, device="cuda"))

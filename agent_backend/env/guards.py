@@ -242,13 +242,12 @@ def _watched_modules() -> list[types.ModuleType]:
             worker, runtime, launch_op]
 
 
-# The ops a candidate is timed through (runtime.as_called_by_a_graph): a kernel registered for
-# one of them in the worker would run there, not where the winner runs.
-_WATCHED_OPS = ("cuda_agent::launch", "cuda_agent::run_winner")
-
-
 def _op_registrations() -> dict[str, str]:
-    return {op: torch._C._dispatch_dump(op) for op in _WATCHED_OPS}
+    """The dispatcher's entries of the ops a candidate is timed through (runtime.as_called_by_a_graph):
+    a kernel registered for one of them in the worker would run there, not where the winner runs."""
+    from agent_backend.env import launch_op  # lazy, as in _watched_modules
+
+    return {op: torch._C._dispatch_dump(op) for op in (*launch_op.OP_NAMES, "cuda_agent::run_winner")}
 
 
 def _watched_classes() -> list[type]:

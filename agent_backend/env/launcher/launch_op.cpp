@@ -7,20 +7,25 @@
 // captured in a CUDA graph. A Meta kernel gives the
 // outputs' shapes and strides to tracing (FakeTensorMode, Inductor).
 //
-// The op's schema is defined from Python (launch_op.py), with a default kernel for a process
-// that has not loaded this library yet. Specs are registered from Python (register_spec). A key
-// with no spec goes to cuda_agent::run_winner with the subgraph's `program`: it finds the winner
-// in the kernel cache (registering its spec, so the next call stays here) or runs the program.
+// The op's schemas are defined from Python (launch_op.py), with a default kernel for a process
+// that has not loaded this library yet: `launch` takes the inputs as a list, `launch.in<N>` as
+// N separate tensors (what compiled graphs call: torch.ops parses those faster from Python).
+// Specs are registered from Python (register_spec). A key with no spec goes to
+// cuda_agent::run_winner with the subgraph's `program`: it finds the winner in the kernel cache
+// (registering its spec, so the next call stays here) or runs the program.
 //
 // torch's current stream comes from the AOTInductor C shim (aoti_torch_get_current_cuda_stream,
 // looked up at run time in libtorch_cuda) and the driver through cuda_driver.h, so this source
 // builds against a CPU-only torch as well.
+#include <ATen/EmptyTensor.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/stack.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/empty_strided.h>
+#include <c10/core/Allocator.h>
 #include <c10/core/DeviceGuard.h>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 #include <torch/library.h>
@@ -31,6 +36,7 @@
 #include <limits>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <tuple>
@@ -161,14 +167,34 @@ void check_inputs(const Spec& spec, at::TensorList inputs, c10::DeviceType devic
   }
 }
 
-std::vector<at::Tensor> allocate_outputs(const Spec& spec, c10::Device device) {
+template <class Empty>
+std::vector<at::Tensor> allocate_outputs(const Spec& spec, Empty empty) {
   std::vector<at::Tensor> outputs;
   outputs.reserve(spec.outputs.size());
-  for (const Layout& layout : spec.outputs) {
-    outputs.push_back(at::empty_strided(layout.sizes, layout.strides, at::TensorOptions().dtype(layout.dtype).device(device)));
-  }
+  for (const Layout& layout : spec.outputs) outputs.push_back(empty(layout));
   return outputs;
 }
+
+// What at::empty_strided does for a CUDA device, less its dispatch (about 1 us a call on an
+// H100's host): the caching allocator, registered as the CUDA allocator, allocates on the current
+// device, from a CUDA graph's private pool while the current stream is capturing.
+at::Tensor empty_cuda(const Layout& layout, c10::Allocator* allocator) {
+  return at::detail::empty_strided_generic(layout.sizes, layout.strides, allocator,
+                                           c10::DispatchKeySet(c10::DispatchKey::CUDA), layout.dtype);
+}
+
+// The inputs' device made current for the call (the allocator and the driver work on the current
+// one), with no guard where it already is: a guard costs two device queries more.
+class CurrentDevice {
+ public:
+  explicit CurrentDevice(c10::Device device) {
+    const auto* impl = c10::impl::getDeviceGuardImpl(device.type());
+    if (impl->getDevice() != device) guard_.emplace(device);
+  }
+
+ private:
+  std::optional<c10::DeviceGuard> guard_;
+};
 
 Kernel& choose_kernel(const Spec& spec, at::TensorList inputs) {
   for (const auto& kernel : spec.kernels) {
@@ -227,8 +253,10 @@ std::vector<at::Tensor> launch_cuda(c10::string_view key, c10::string_view progr
   if (spec == nullptr) return run_winner(key, program, inputs);
   check_inputs(*spec, inputs, c10::DeviceType::CUDA);
   const c10::Device device = inputs[0].device();
-  c10::DeviceGuard guard(device);
-  std::vector<at::Tensor> outputs = allocate_outputs(*spec, device);
+  const CurrentDevice current(device);
+  c10::Allocator* allocator = c10::GetAllocator(c10::DeviceType::CUDA);
+  std::vector<at::Tensor> outputs =
+      allocate_outputs(*spec, [allocator](const Layout& layout) { return empty_cuda(layout, allocator); });
   Kernel& kernel = choose_kernel(*spec, inputs);
   const CUfunction function = function_on(kernel, device.index());
   const size_t count = kernel.kinds.size();
@@ -244,7 +272,9 @@ std::vector<at::Tensor> launch_cuda(c10::string_view key, c10::string_view progr
       case ArgKind::Output: values[a].ptr = outputs[kernel.indices[a]].mutable_data_ptr(); break;
       case ArgKind::Constant: values[a] = kernel.constants[a]; break;
       case ArgKind::Workspace:
-        workspaces.push_back(at::empty({kernel.constants[a].i64}, at::TensorOptions().dtype(at::kByte).device(device)));
+        workspaces.push_back(at::detail::empty_generic({kernel.constants[a].i64}, allocator,
+                                                       c10::DispatchKeySet(c10::DispatchKey::CUDA), at::kByte,
+                                                       std::nullopt));
         values[a].ptr = workspaces.back().mutable_data_ptr();
         break;
     }
@@ -259,7 +289,38 @@ std::vector<at::Tensor> launch_meta(c10::string_view key, c10::string_view /*pro
   const std::shared_ptr<Spec> spec = find(key);
   TORCH_CHECK(spec != nullptr, "cuda_agent::launch: no launch spec is registered under '", key, "'");
   check_inputs(*spec, inputs, c10::DeviceType::Meta);
-  return allocate_outputs(*spec, inputs[0].device());
+  const c10::Device device = inputs[0].device();
+  return allocate_outputs(*spec, [device](const Layout& layout) {
+    return at::empty_strided(layout.sizes, layout.strides, at::TensorOptions().dtype(layout.dtype).device(device));
+  });
+}
+
+// The overloads taking the inputs one by one: a Tensor[] costs a call from Python about 0.5 us
+// more to parse (measured on the 2-core build machine's CPU).
+constexpr size_t kMostPositionalInputs = 8;  // launch.in1 .. launch.in8, as launch_op.py defines them
+
+using LaunchFunction = std::vector<at::Tensor> (*)(c10::string_view, c10::string_view, at::TensorList);
+
+template <size_t, class T>
+using Each = T;
+
+template <LaunchFunction Launch, size_t... I>
+std::vector<at::Tensor> positional(c10::string_view key, c10::string_view program,
+                                   Each<I, const at::Tensor&>... inputs) {
+  const std::array<at::Tensor, sizeof...(I)> list{inputs...};
+  return Launch(key, program, list);
+}
+
+template <LaunchFunction Launch, size_t... I>
+void impl_positional(torch::Library& m, std::index_sequence<I...>) {
+  m.impl(("launch.in" + std::to_string(sizeof...(I))).c_str(), &positional<Launch, I...>);
+}
+
+// launch, and launch.in1 .. launch.in<kMostPositionalInputs>, all by `Launch`
+template <LaunchFunction Launch, size_t... N>
+void impl_all(torch::Library& m, std::index_sequence<N...>) {
+  m.impl("launch", Launch);
+  (impl_positional<Launch>(m, std::make_index_sequence<N + 1>{}), ...);
 }
 
 // ----------------------------------------------------------------------------- registration
@@ -384,9 +445,13 @@ int64_t launch_count(const std::string& key) {
 
 }  // namespace
 
-TORCH_LIBRARY_IMPL(cuda_agent, CUDA, m) { m.impl("launch", &launch_cuda); }
+TORCH_LIBRARY_IMPL(cuda_agent, CUDA, m) {
+  impl_all<launch_cuda>(m, std::make_index_sequence<kMostPositionalInputs>{});
+}
 
-TORCH_LIBRARY_IMPL(cuda_agent, Meta, m) { m.impl("launch", &launch_meta); }
+TORCH_LIBRARY_IMPL(cuda_agent, Meta, m) {
+  impl_all<launch_meta>(m, std::make_index_sequence<kMostPositionalInputs>{});
+}
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "cuda_agent::launch's spec table: kernels described as data, launched from C++.";
