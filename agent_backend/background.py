@@ -22,6 +22,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import logging
+import math
 import os
 import threading
 import time
@@ -39,6 +40,11 @@ class _Job(NamedTuple):
 
 _compiles = 0  # compiles running in this process (compiling())
 _compiles_cond = threading.Condition()
+_last_compile_end = -math.inf  # time.monotonic() when the last compile ended
+# After a compile, Dynamo still builds guards and the first call runs the new graph (Triton's
+# autotuning, CUDA graphs' recording) while the user waits: a search started at once competed with
+# that call on an H100 machine (0.1-0.25 s of GPT-2's first call; 1 s on a freshly started one).
+QUIET_AFTER_COMPILE_S = 2.0
 
 
 @contextlib.contextmanager
@@ -50,16 +56,22 @@ def compiling():
     try:
         yield
     finally:
+        global _last_compile_end
         with _compiles_cond:
             _compiles -= 1
+            _last_compile_end = time.monotonic()
             _compiles_cond.notify_all()
 
 
-def after_compiles(stopped: threading.Event, poll_s: float = 0.5) -> None:
-    """Return once no compile runs (at once if none does), or the queue has stopped."""
+def after_compiles(stopped: threading.Event, poll_s: float = 0.5, quiet_s: float = QUIET_AFTER_COMPILE_S) -> None:
+    """Return once no compile has run for `quiet_s` seconds (at once if none did lately), or the
+    queue has stopped."""
     with _compiles_cond:
-        while _compiles and not stopped.is_set():
-            _compiles_cond.wait(poll_s)
+        while not stopped.is_set():
+            quiet_left = _last_compile_end + quiet_s - time.monotonic()
+            if not _compiles and quiet_left <= 0:
+                return
+            _compiles_cond.wait(poll_s if _compiles else min(poll_s, quiet_left))
 
 
 class SearchQueue:

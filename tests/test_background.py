@@ -131,6 +131,20 @@ def test_no_search_starts_and_no_worker_request_is_made_while_the_process_compil
     assert done and done[0] >= released, "the request ran during the compile"
 
 
+def test_searches_wait_for_a_quiet_spell_after_a_compile():
+    """The compile's first call (guards, autotuning) runs right after it: a search waits until
+    no compile has run for quiet_s, and not at all once that has passed."""
+    stopped = threading.Event()
+    with background.compiling():
+        pass
+    start = time.monotonic()
+    background.after_compiles(stopped, poll_s=0.05, quiet_s=0.4)
+    assert 0.3 <= time.monotonic() - start < 2.0
+    start = time.monotonic()
+    background.after_compiles(stopped, poll_s=0.05, quiet_s=0.4)
+    assert time.monotonic() - start < 0.1
+
+
 def test_a_stop_ends_the_wait_for_a_compile():
     stopped = threading.Event()
     threading.Timer(0.2, stopped.set).start()
