@@ -29,8 +29,9 @@ class ModelNew(nn.Module):
 '''
 
 
-def copy_graph(gm: fx.GraphModule) -> fx.Graph:
-    """A copy of the task's graph that a rule may change (node meta is copied, shapes kept)."""
+def copy_graph(gm) -> fx.Graph:
+    """A copy of the task's graph (Task.graph_module.graph) that a rule may change (node meta is
+    copied, shapes kept)."""
     graph = fx.Graph()
     graph.output(graph.graph_copy(gm.graph, {}))
     return graph
