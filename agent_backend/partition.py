@@ -3,13 +3,14 @@
 One pure function, `classify`, says who may claim a node and, if nobody, why not. Groups are
 then grown greedily. First the patterns where a rewrite can remove work claim their nodes whole:
 attention written by hand (batched matmul, scale, mask, softmax, batched matmul), a fused
-attention call with the views before it, and a matmul whose output is summed or averaged. Then an anchor (matmul, conv, reduction) takes its pointwise
-prologue and epilogue (a reduction also the views its epilogue goes on through), reductions over
-the same rows fuse with the pointwise work between them (softmax, norms), and chains of the
-pointwise nodes left over form groups. Every group is checked to be convex (no path leaves it and
-comes back), so replacing it with one call can never make a cycle. Constants (nodes computed
-from no input, such as the causal masks transformers builds from iota) belong to no group; a task
-computes those its rules read (task.written_in), and takes the others as inputs.
+attention call with the views before it, and a matmul whose output is summed or averaged. Then
+an anchor (matmul, conv, reduction, a scan: cumsum) takes its pointwise prologue and epilogue (a
+reduction also the views its epilogue goes on through), reductions over the same rows fuse with
+the pointwise work between them (softmax, norms), and chains of the pointwise nodes left over
+form groups. Every group is checked to be convex (no path leaves it and comes back), so
+replacing it with one call can never make a cycle. Constants (nodes computed from no input, such
+as the causal masks transformers builds from iota) belong to no group; a task computes those its
+rules read (task.written_in), and takes the others as inputs.
 """
 from __future__ import annotations
 
@@ -33,6 +34,7 @@ REDUCTION_OPS = {
 }
 SOFTMAX_OPS = {aten._softmax.default, aten._log_softmax.default}
 NORM_OPS = {aten.native_layer_norm.default, aten.native_group_norm.default}
+SCAN_OPS = {aten.cumsum.default}  # a running sum along one dim: an anchor whose kernel is the rows family's
 VIEW_OPS = {
     aten.view.default, aten.reshape.default, aten.permute.default, aten.t.default,
     aten.transpose.int, aten.expand.default, aten.unsqueeze.default, aten.squeeze.dim,
@@ -44,7 +46,7 @@ FUSED_ATTENTION_OPS = {
     aten._scaled_dot_product_cudnn_attention.default, aten._scaled_dot_product_flash_attention.default,
     aten._scaled_dot_product_efficient_attention.default, aten._scaled_dot_product_flash_attention_for_cpu.default,
 }
-ANCHOR_KINDS = ("matmul", "conv", "reduction", "softmax", "norm")
+ANCHOR_KINDS = ("matmul", "conv", "reduction", "softmax", "norm", "scan")
 # Reductions a matmul's output may flow into, for a rewrite to fold into a matrix-vector product.
 RESHAPE_OPS = {aten.view.default, aten.reshape.default, aten._unsafe_view.default}
 LINEAR_REDUCTION_OPS = {aten.sum.dim_IntList, aten.sum.default, aten.mean.dim, aten.mean.default}
@@ -220,6 +222,8 @@ def classify(node: fx.Node) -> Claim:
         return Claim("softmax")
     if target in NORM_OPS:
         return Claim("norm")
+    if target in SCAN_OPS:
+        return Claim("scan")
     if target in VIEW_OPS or (target is aten.as_strided.default and is_reshape_as_strided(node)):
         return Claim("view")
     if torch.Tag.pointwise in tags:
@@ -297,8 +301,8 @@ def _gathers_one_per_row(node: fx.Node, rows: tuple) -> bool:
 
 
 def _widens_into_a_reduction(node: fx.Node) -> bool:
-    """A conversion to a wider type that a reduction reads (a bf16 product's logits cast up for a
-    softmax or a cross-entropy): left to the reduction's prologue. In a matmul's epilogue it would
+    """A conversion to a wider type that a reduction or scan reads (a bf16 product's logits cast up
+    for a softmax or a cross-entropy): left to the reduction's prologue. In a matmul's epilogue it would
     make the reduction read the widened copy, written in full between the two (an H100 ran
     linear + cross-entropy 0.68x Inductor so, with our kernel 1.05x faster alone)."""
     if node.target is not torch.ops.prims.convert_element_type.default:
@@ -306,7 +310,7 @@ def _widens_into_a_reduction(node: fx.Node) -> bool:
     source, out = node.args[0].meta.get("val"), node.meta.get("val")
     widens = (isinstance(source, torch.Tensor) and isinstance(out, torch.Tensor)
               and out.dtype.itemsize > source.dtype.itemsize)
-    return widens and any(u.target in REDUCTION_OPS | SOFTMAX_OPS | NORM_OPS for u in node.users)
+    return widens and any(u.target in REDUCTION_OPS | SOFTMAX_OPS | NORM_OPS | SCAN_OPS for u in node.users)
 
 
 def _reduces_last_dim(node: fx.Node) -> bool:

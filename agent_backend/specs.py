@@ -116,9 +116,9 @@ class Task:
     inputs: tuple[TensorSpec, ...]
     outputs: tuple[TensorSpec, ...]
     ops: tuple[str, ...]
-    kind: str  # "pointwise", "matmul", "reduction", "norm", "softmax", "conv"
-    # The subgraph as an FX GraphModule (placeholders = inputs, output = tuple of outputs);
-    # in-process only, for template policies that read the ops directly.
+    kind: str  # "pointwise", "matmul", "reduction", "norm", "softmax", "conv", "scan"
+    # The subgraph (task.Subgraph: `.graph` with placeholders = inputs, output = a tuple of the
+    # outputs; callable as an FX GraphModule); in-process only, for templates that read the ops.
     graph_module: Any = field(default=None, compare=False, repr=False)
 
     def to_json(self) -> dict:

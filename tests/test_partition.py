@@ -4,6 +4,7 @@ import operator
 import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 
+from agent_backend.graph_pass import worth_a_search
 from agent_backend.partition import _Graph, classify, partition
 
 
@@ -118,3 +119,25 @@ def test_a_matmul_leaves_an_upcast_that_a_reduction_reads_to_the_reduction():
         ("matmul", ["mm"]), ("reduction", ["convert_element_type", "amax"]),
         ("matmul", ["mm", "convert_element_type"])]
     assert _ops(groups[2]) == ["mm", "convert_element_type", "relu"]
+
+
+def test_a_cumsum_is_a_scan_group_with_its_casts_and_pointwise_work():
+    """cumsum anchors a group of kind "scan" (the rows family's kernel): fp32 alone; bf16 as
+    Inductor's graph has it with a cast up before and down after, and pointwise work around."""
+    convert = torch.ops.prims.convert_element_type.default
+    (alone,) = partition(_graph(lambda x: torch.cumsum(x, -1), torch.randn(4, 16)))
+    assert (alone.kind, _ops(alone)) == ("scan", ["cumsum"]) and worth_a_search(alone, min_ops=2)
+
+    def casts(x):
+        return convert(torch.cumsum(convert(x, torch.float32) * 2, -1), torch.bfloat16) + 1
+    (group,) = partition(_graph(casts, torch.randn(4, 16, dtype=torch.bfloat16)))
+    assert (group.kind, _ops(group)) == ("scan", ["convert_element_type", "mul", "cumsum", "convert_element_type",
+                                                  "add"])
+
+
+def test_a_cumsum_after_a_softmax_leaves_the_softmax_its_group():
+    def fn(x):
+        e = torch.exp(x - x.amax(-1, keepdim=True))
+        return torch.cumsum(e / e.sum(-1, keepdim=True), -1)
+    groups = partition(_graph(fn, torch.randn(4, 16)))
+    assert [(gr.kind, _ops(gr)[-1]) for gr in groups] == [("reduction", "div"), ("scan", "cumsum")]

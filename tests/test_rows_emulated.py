@@ -15,7 +15,7 @@ from skills.rows.candidates import launch_arguments, launch_configs
 from skills.rows.codegen import Launch, kernel_source
 from skills.rows.plan import build_plan
 from test_rows_template import (BACKWARD, CASES, _cross_entropy_tasks, assert_computes_the_task, backward_tasks,
-                                case_task, resized)
+                                case_task, resized, scan_task)
 
 pytestmark = [pytest.mark.skipif(compiler() is None, reason="needs a C++ compiler"), pytest.mark.slow]
 
@@ -91,4 +91,32 @@ LONG = {
 @pytest.mark.parametrize("label", LONG)
 def test_long_row_launches_compute_the_task(label, tmp_path):
     make, launch = LONG[label]
+    _check(make(), launch, tmp_path)
+
+
+@pytest.mark.parametrize("name, dtype, length",
+                         [("cumsum", dt, n) for dt in (f32, bf16) for n in (1, 7, 33, 1000, 4097)]
+                         + [("cumsum_cast", dt, n) for dt in (f32, bf16) for n in (7, 1000, 4097)])
+def test_every_proposed_scan_launch_computes_the_task(name, dtype, length, tmp_path):
+    """cumsum along rows of odd lengths (no vectors at 7, 33 and 4097), three rows, with and
+    without a prologue and epilogue (rows of one element: the source itself, per row), under
+    every launch shape proposed."""
+    task = scan_task(name, dtype, (3, length))
+    for launch in launch_configs(build_plan(task)):
+        _check(task, launch, tmp_path)
+
+
+# scans in several chunks, double-buffered across warps; sub-warp rows, several a block; a chunk's
+# tiles beyond the row's end
+SCAN_LAUNCHES = {
+    "chunks_across_warps": (lambda: scan_task("cumsum_cast", bf16, (2, 4000)), Launch(64, 1, 8)),
+    "chunks_two_rows_a_block": (lambda: scan_task("cumsum", f32, (5, 1000)), Launch(64, 2, 4)),
+    "sub_warp_rows": (lambda: scan_task("cumsum_cast", f32, (9, 33)), Launch(4, 8, 1)),
+    "tiles_past_the_end": (lambda: scan_task("cumsum", bf16, (2, 1000)), Launch(32, 1, 1)),
+}
+
+
+@pytest.mark.parametrize("label", SCAN_LAUNCHES)
+def test_scan_launches_compute_the_task(label, tmp_path):
+    make, launch = SCAN_LAUNCHES[label]
     _check(make(), launch, tmp_path)

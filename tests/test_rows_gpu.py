@@ -3,8 +3,8 @@ traced on CUDA through the backend's pass (as `cuda-agent explain` traces them),
 against the task's own program in eager, and judged by the real environment (a worker process,
 Inductor's reference, the verifier's rules); over rows of 1, 7, 1000, 4097 and 393216 elements,
 one row and many, strided and transposed inputs, unaligned inputs, fp32/bf16/fp16, backward
-graphs. The last test
-profiles benchmark shapes and prints the speedups over Inductor."""
+graphs, cumsum along rows. The last tests profile benchmark shapes and print the speedups over
+Inductor."""
 from __future__ import annotations
 
 import functools
@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from agent_backend.env import Environment, Timeouts
 from agent_backend.specs import Task, random_inputs
 from skills.rows import propose
-from test_rows_template import (BACKWARD, CASES, Fn, assert_computes_the_task, backward_tasks, resized,
+from test_rows_template import (BACKWARD, CASES, SCAN_CASES, Fn, assert_computes_the_task, backward_tasks, resized,
                                 traced_row_tasks)
 
 pytestmark = pytest.mark.gpu
@@ -29,6 +29,12 @@ def gpu_task(name: str, dtype: torch.dtype, shape: tuple[int, ...] | None = None
     model, inputs, default = CASES[name]
     (task,) = traced_row_tasks(model(dtype).to("cuda"), inputs(shape or default)(dtype, "cuda"))
     return task
+
+
+@functools.cache
+def gpu_scan_task(name: str, dtype: torch.dtype, shape: tuple[int, ...]) -> Task:
+    (task,) = traced_row_tasks(Fn(SCAN_CASES[name]), [torch.randn(8, 64, dtype=dtype, device="cuda")], kind="scan")
+    return resized(task, shape)
 
 
 @pytest.fixture(scope="module")
@@ -141,6 +147,22 @@ def test_strided_rows_and_unaligned_inputs_take_the_scalar_fallback(env):
     _assert_all_pass(env, task)
 
 
+# cumsum along rows: the suite's 8192 x 4096, with a cast prologue and epilogue, odd row lengths
+# (no vectors), rows of one element, few long rows (one block a row)
+SCAN_SHAPES = [
+    ("cumsum", bf16, (8192, 4096)), ("cumsum", f32, (8192, 4096)), ("cumsum_cast", bf16, (8192, 4096)),
+    ("cumsum", bf16, (3, 4097)), ("cumsum_cast", f32, (64, 7)), ("cumsum", f16, (7, 1000)),
+    ("cumsum_cast", bf16, (5, 1)), ("cumsum", f32, (16, 393216)), ("cumsum_cast", f32, (1000, 999)),
+]
+
+
+@pytest.mark.parametrize("name, dtype, shape", SCAN_SHAPES, ids=str)
+def test_scan_shapes(env, name, dtype, shape):
+    task = gpu_scan_task(name, dtype, shape)
+    _assert_candidates_match_eager(task, random_inputs(task.inputs, 0, scale=2.0, device="cuda"))
+    _assert_all_pass(env, task)
+
+
 # Shapes worth a kernel: LLM norms and softmaxes, the vocabulary's log_softmax, KernelBench's
 # long-row softmax, a column sum.
 BENCHMARKS = [
@@ -153,14 +175,24 @@ BENCHMARKS = [
 
 
 def test_benchmark_shapes_pass_and_report_their_speedups(env):
+    _report_speedups(env, [(name, dtype, shapes[0], resized(gpu_task(name, dtype), *shapes))
+                           for name, dtype, shapes in BENCHMARKS])
+
+
+def test_scan_benchmarks_pass_and_report_their_speedups(env):
+    _report_speedups(env, [(name, dtype, shape, gpu_scan_task(name, dtype, shape))
+                           for name, dtype, shape in SCAN_SHAPES[:3]])
+
+
+def _report_speedups(env, tasks: list[tuple[str, torch.dtype, tuple[int, ...], Task]]):
+    """Every candidate of each (name, dtype, shape, task) passes; prints its speedup."""
     lines = []
-    for name, dtype, shapes in BENCHMARKS:
-        task = resized(gpu_task(name, dtype), *shapes)
+    for name, dtype, shape, task in tasks:
         candidates = propose(task)
         for candidate, ev in zip(candidates, env.evaluate_many(task, candidates, profile=True)):
             assert ev.status == "passed", f"{name} {candidate.origin}: {ev.status}: {ev.reason}"
             ours, inductor = ev.profile["ours_ms"], ev.profile["inductor_ms"]
-            lines.append(f"{name} {str(dtype)[6:]} {shapes[0]} {candidate.origin.rsplit(':', 1)[1]}: "
+            lines.append(f"{name} {str(dtype)[6:]} {shape} {candidate.origin.rsplit(':', 1)[1]}: "
                          f"{ev.profile['speedup_vs_inductor']:.2f}x Inductor (ours {ours['median'] * 1e3:.1f} us, "
                          f"host {ours['host_median'] * 1e3:.1f} us; Inductor {inductor['median'] * 1e3:.1f} us)")
     print("\n" + "\n".join(lines))

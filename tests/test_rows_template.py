@@ -110,10 +110,10 @@ def _on_cuda(task: Task) -> Task:
                 task.kind, task.graph_module)
 
 
-def traced_row_tasks(model: nn.Module, inputs: list[torch.Tensor]) -> list[Task]:
-    """The reduction tasks of `model`'s forward graph, as the backend's pass extracts them."""
+def traced_row_tasks(model: nn.Module, inputs: list[torch.Tensor], kind: str = "reduction") -> list[Task]:
+    """The tasks of `kind` of `model`'s forward graph, as the backend's pass extracts them."""
     tasks = tasks_of(trace_tasks(model, inputs, backward=False, min_ops=1))
-    return [t for t in tasks if t.kind == "reduction"]
+    return [t for t in tasks if t.kind == kind]
 
 
 @functools.cache
@@ -147,6 +147,20 @@ def resized(task: Task, *shapes: tuple[int, ...]) -> Task:
                       for o in outs)
     signature = "_".join("x".join(map(str, s.shape)) for s in specs)
     return Task(f"{task.hash}-{signature}", task.program, specs, out_specs, task.ops, task.kind, task.graph_module)
+
+
+# name -> fn of x: a cumsum along rows, traced through the backend's pass into one task of kind
+# "scan"; "cumsum_cast" adds a prologue and an epilogue (for bf16: a cast up before, down after).
+SCAN_CASES = {
+    "cumsum": lambda x: torch.cumsum(x, -1),
+    "cumsum_cast": lambda x: (torch.cumsum(x.float() * 2, -1) + 1).to(x.dtype) * x,
+}
+
+
+@functools.cache
+def scan_task(name: str, dtype: torch.dtype = f32, shape: tuple[int, ...] = (8, 1000)) -> Task:
+    (task,) = traced_row_tasks(Fn(SCAN_CASES[name]), [_randn((8, 64), dtype, "cpu")], kind="scan")
+    return resized(_on_cuda(task), shape)
 
 
 TOLERANCE = {f32: 1e-4, f16: 1e-2, bf16: 1e-2, torch.bool: 0.0}
@@ -418,10 +432,78 @@ def test_launch_shapes_follow_the_row_length():
     assert _tags(resized(case_task("sum_last", f32), (4096, 1000))) == ["t32r4v4", "t128r1v4"]
 
 
+def test_scan_launch_shapes_stream_each_row_in_one_block():
+    """128 to 256 threads a row where rows are long (no cluster, split or shared-memory shape)."""
+    assert _tags(scan_task("cumsum", bf16, (8192, 4096))) == ["t64r2v8", "t128r1v8", "t256r1v8"]
+    assert _tags(scan_task("cumsum", f32, (8192, 4096))) == ["t128r1v4", "t256r1v4"]
+    assert _tags(scan_task("cumsum", f32, (4096, 7))) == ["t1r32v1", "t2r16v1", "t4r16v1"]
+    assert _tags(scan_task("cumsum", bf16, (16, 393216))) == ["t256r1v8"]
+
+
 def test_rows_too_long_for_a_cluster_are_refused():
     task = resized(case_task("softmax", f32), (2, 8 * 2**20))
     assert "do not fit on chip" in supports(task)
     assert supports(resized(case_task("sum_last", f32), (2, 8 * 2**20))) is None  # streamed
+
+
+# ----------------------------------------------------------------------------------- scans
+
+@pytest.mark.parametrize("name, dtype", [(n, dt) for n in SCAN_CASES for dt in (f32, bf16)])
+def test_a_scan_is_one_streaming_sweep(name, dtype):
+    """No passes and nothing held on chip: the scan's source computed per element (a cast up and
+    a scale for bf16), its running sum, then the epilogue reading it (the cast down and the
+    product with x, which reads x again from the tile just loaded)."""
+    task = scan_task(name, dtype)
+    assert task.kind == "scan" and "aten.cumsum.default" in task.ops
+    plan = build_plan(task)
+    assert (plan.rows, plan.row_length, plan.passes, plan.stored, plan.along_rows) == (8, 1000, (), (), True)
+    assert plan.vector_width == (8 if dtype == bf16 else 4)  # 16 bytes: 1000 = 125 x 8
+    assert plan.scan.work.reads == (0,)
+    if name == "cumsum":
+        assert (plan.scan.work.body, plan.scan.source, plan.epilogue.body) == ((), "a0", ())
+        assert plan.outputs[0].value == plan.scan.value
+    else:
+        assert plan.scan.source in plan.scan.work.body[-1] and plan.epilogue.reads == (0,)
+        assert plan.scan.value in plan.epilogue.body[0]
+        assert any("round_bf16" in line for line in plan.epilogue.body) == (dtype == bf16)
+
+
+def test_a_scan_that_rounds_its_input_sums_the_rounded_values():
+    (task,) = traced_row_tasks(Fn(lambda x: torch.cumsum(x, -1, dtype=bf16)), [_randn((8, 64), f32, "cpu")], "scan")
+    assert build_plan(_on_cuda(task)).scan.source == "round_bf16(a0)"
+
+
+def test_a_scan_over_rows_of_one_element_is_its_source_per_row():
+    plan = build_plan(scan_task("cumsum_cast", bf16, (8, 1)))
+    assert plan.scan is None and all(o.per_row for o in plan.outputs)
+    assert [launch.threads for launch in launch_configs(plan)] == [1]
+
+
+def test_a_scan_kernel_scans_thread_totals_in_double_across_warps():
+    plan = build_plan(scan_task("cumsum", bf16, (8192, 4096)))
+    source = kernel_source(plan, "k", Launch(128, 1, 8))
+    assert "double carry = 0.0;" in source and "__shfl_up_sync(0xffffffffu, incl[i], d, 32)" in source
+    assert "__shared__ double scan_warps[1][4][1][4];" in source and source.count("__syncthreads();") == 1
+    # sub-warp rows: shuffles within the row's lanes, the tile's total from its last lane, no shared memory
+    short = kernel_source(build_plan(scan_task("cumsum", f32, (64, 33))), "k", Launch(8, 4, 1))
+    assert "__shfl_sync(0xffffffffu, incl[i], 7, 8)" in short and "__shared__" not in short
+
+
+@pytest.mark.parametrize("fn, reason", [
+    (lambda x: torch.cumsum(x, 0), "a scan along rows that are not one dim of consecutive elements"),
+    (lambda x: torch.cumsum(x.t(), -1), "a scan along rows that are not one dim of consecutive elements"),
+])
+def test_unsupported_scans_say_why(fn, reason):
+    (task,) = traced_row_tasks(Fn(fn), [_randn((8, 64), f32, "cpu")], "scan")
+    assert reason in supports(_on_cuda(task))
+
+
+def test_the_builtin_policy_proposes_the_rows_candidates_for_a_scan():
+    from agent_backend.policies.builtin import BuiltinPolicy
+    from skills import pointwise
+    task = scan_task("cumsum_cast", bf16)
+    assert "op aten.cumsum.default not supported" in pointwise.supports(task)
+    assert [c.origin for c in BuiltinPolicy().propose(task, [])] == [c.origin for c in propose(task)]
 
 
 # ----------------------------------------------------------------------------- compilation
@@ -432,7 +514,7 @@ def _nvcc() -> str | None:
 
 def _kernel_sources() -> dict[str, str]:
     """Every kernel (main and fallback) the candidates of a dozen tasks carry, over fp32/bf16/fp16,
-    short and long rows, clusters, rows split over a grid and rows strided in memory; the first
+    short and long rows, clusters, rows split over a grid and rows strided in memory, scans; the first
     candidate's kernel of every other case; and one with 64-bit indexing."""
     every = {
         "softmax_bf16": case_task("softmax", bf16), "softmax_fp16": case_task("softmax", f16),
@@ -448,6 +530,11 @@ def _kernel_sources() -> dict[str, str]:
         "mse_fp16_whole": resized(case_task("mse_loss", f16), (8192, 4096), (8192, 4096)),
         "cross_entropy_losses": _cross_entropy_tasks(bf16, 64, 32000)[0],
         "cross_entropy_mean": _cross_entropy_tasks()[1],
+        "cumsum_bf16": scan_task("cumsum", bf16, (8192, 4096)),
+        "cumsum_fp32": scan_task("cumsum", f32, (8192, 4096)),
+        "cumsum_cast_bf16_4097": scan_task("cumsum_cast", bf16, (3, 4097)),
+        "cumsum_cast_fp32_short": scan_task("cumsum_cast", f32, (4096, 7)),
+        "cumsum_fp16_one": scan_task("cumsum", f16, (5, 1)),
     }
     first = {f"{name}_{str(dt)[6:]}": case_task(name, dt) for name in CASES for dt in (f32, bf16)}
     sources = {}

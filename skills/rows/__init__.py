@@ -1,6 +1,7 @@
 """Built-in template: row reductions and normalisations (softmax, log_softmax, layer/RMS norm,
-logsumexp, sum/mean/amax/amin/var over dims, with their pointwise prologue and epilogue) as one
-CUDA kernel that reads each row from global memory once. See README.md beside this file."""
+logsumexp, sum/mean/amax/amin/var over dims) and scans along rows (cumsum), with their pointwise
+prologue and epilogue, as one CUDA kernel that reads each row from global memory once. See
+README.md beside this file."""
 from __future__ import annotations
 
 from agent_backend.specs import Candidate, Task

@@ -17,6 +17,11 @@ Plans whose rows are not contiguous but whose consecutive rows are (a reduction 
 rows x threads threads, threadIdx.x running over consecutive rows (so a warp's accesses are
 contiguous), threadIdx.y over the elements of each row; partials combine through shared memory.
 
+A plan with a scan (cumsum) streams each row in order instead, in chunks of tiles (a tile: a
+vector of each of the row's threads): each thread sums its vectors' elements in fp32, the thread
+totals are scanned across the row's threads in double (shuffles, then shared memory across
+warps), and a double carry runs from tile to tile; see _Writer._scan.
+
 Sizes and strides are constants in the source; the kernel takes only pointers: inputs, then
 outputs, then, for a split row, the workspace. No thread returns early: out-of-range rows only
 skip their loads and stores, so every thread reaches every barrier.
@@ -41,6 +46,9 @@ TYPICAL_SM_COUNT = 132  # H100/H200: how many blocks of a split row's cooperativ
 WORKSPACE_SLOT_BYTES = 8  # a split row's partial of one block in the workspace (the widest accumulator)
 COMBINE = {"sum": "({a} + {b})", "max": "pw_maximum({a}, {b})", "min": "pw_minimum({a}, {b})"}
 WARP = 32
+FULL_MASK = "0xffffffffu"
+# A scan's tiles each thread loads before it scans them (loads in flight; one __syncthreads a chunk).
+SCAN_TILES = 4
 
 
 @dataclass(frozen=True)
@@ -120,6 +128,8 @@ class _Writer:
             raise ValueError("a row is split over a cluster or over a cooperative grid, not both")
         if launch.storage == "shared" and not plan.along_rows:
             raise ValueError("rows are held in shared memory only along rows")
+        if plan.scan and (launch.blocks_per_row > 1 or launch.storage != "registers"):
+            raise ValueError("a scan streams its rows, each within one block")
         self.plan, self.launch = plan, launch
         self.V, self.T, self.R, self.C, self.S = launch.width, launch.threads, launch.rows, launch.cluster, launch.split
         self.B = launch.blocks_per_row
@@ -138,7 +148,9 @@ class _Writer:
         lines = self._thread_index() + self._bases() + self._row_reads() + list(plan.prelude) + self._load_stored()
         for p in plan.passes:
             lines += self._pass(p)
-        if self._element_outputs():
+        if plan.scan:
+            lines += self._scan()
+        elif self._element_outputs():
             lines += self._epilogue()
         lines += self._row_stores()
         if self.C > 1:  # no block may leave while another still reads its shared memory
@@ -279,13 +291,16 @@ extern "C" __global__ void __launch_bounds__({self._bounds()}) {name}({", ".join
         `work.body` and `per_element_end`, then `per_vector_end`."""
         reads = [f"const {self._buffer_type(k)} l{k} = {self._global_read(k)};"
                  for k in work.reads if k not in self.plan.stored]
-        elements = [f"const {dtype_info(self.plan.inputs[self.plan.accesses[k].input].torch_dtype).ctype} a{k} = "
-                    f"{self._element(k, self._buffer(k) if k in self.plan.stored else f'l{k}')};"
-                    for k in work.reads]
+        elements = self._element_values(work.reads, lambda k: self._buffer(k) if k in self.plan.stored else f"l{k}")
         inner = elements + list(work.body) + list(per_element_end)
         body = (reads + list(before) + ["#pragma unroll", f"for (int v = 0; v < {self.V}; ++v) {{"]
                 + ["  " + line for line in inner] + ["}"] + list(per_vector_end))
         return self._loop(body)
+
+    def _element_values(self, reads, holder) -> list[str]:
+        """`a<k>`, access k's value at lane v, for each k of `reads`, from the vector `holder(k)`."""
+        return [f"const {dtype_info(self.plan.inputs[self.plan.accesses[k].input].torch_dtype).ctype} a{k} = "
+                f"{self._element(k, holder(k))};" for k in reads]
 
     def _pass(self, work: Pass) -> list[str]:
         lines = [f"{ACCUMULATOR[p.combine]} {p.acc} = {IDENTITY[p.combine]};" for p in work.partials]
@@ -319,9 +334,9 @@ extern "C" __global__ void __launch_bounds__({self._bounds()}) {name}({", ".join
         lines = []
         lanes = min(self.T, WARP)
         if lanes > 1:
-            lines += [f"#pragma unroll", f"for (int m = {lanes // 2}; m > 0; m >>= 1) {{"]
-            lines += [f"  {p.acc} = {COMBINE[p.combine].format(a=p.acc, b=f'__shfl_xor_sync(0xffffffffu, {p.acc}, m)')};"
-                      for p in partials] + ["}"]
+            lines += ["#pragma unroll", f"for (int m = {lanes // 2}; m > 0; m >>= 1) {{"]
+            lines += [f"  {p.acc} = {COMBINE[p.combine].format(a=p.acc, b=_shuffle_xor(p.acc))};" for p in partials]
+            lines.append("}")
         if self.T > WARP:  # then the warps of a row, through shared memory
             warps = self.T // WARP
             lines += self._through_shared(partials, lambda i: f"red{i}[{self.R}][{warps}]",
@@ -385,6 +400,11 @@ extern "C" __global__ void __launch_bounds__({self._bounds()}) {name}({", ".join
 
     def _epilogue(self) -> list[str]:
         """Element outputs: each vector's elements computed into a register vector, then written."""
+        return self._sweep(self.plan.epilogue, *self._output_vectors())
+
+    def _output_vectors(self) -> tuple[list[str], list[str], list[str]]:
+        """The element outputs' register vectors, in _sweep's order: assigned at lane v, declared,
+        written at j0."""
         declare, assign, write = [], [], []
         for k in self._element_outputs():
             o = self.plan.outputs[k]
@@ -393,7 +413,98 @@ extern "C" __global__ void __launch_bounds__({self._bounds()}) {name}({", ".join
             declare.append(f"{vec} y{k};")
             assign.append(f"y{k}.v[v] = {info.store.format(o.value)};")
             write.append(f"*reinterpret_cast<{vec}*>(out{k} + out{k}_base + {self._offset(o.inner, 'j0')}) = y{k};")
-        return self._sweep(self.plan.epilogue, assign, declare, write)
+        return assign, declare, write
+
+    # -- a scan along the row ---------------------------------------------------------------
+    def _scan(self) -> list[str]:
+        """The row in chunks of K tiles, in order (tile e: vector e * T + t of thread t, so a warp's
+        accesses are contiguous). A thread loads its vectors of the chunk's K tiles at once, sums
+        each vector's source elements in order (fp32: at most 8), then the K thread totals are
+        scanned across the row's threads together (shuffles, then shared memory across warps: one
+        __syncthreads a chunk, buffers alternating between chunks so none is overwritten while
+        read). Element j's sum = carry (the earlier tiles' totals) + the exclusive prefix of its
+        thread's total + its prefix in its vector: the first two in double (as the family sums),
+        rounded to fp32 once a vector, so an element's error does not grow along the row. Then the
+        epilogue computes and stores the element outputs of the tile."""
+        K = self._scan_tiles
+        reads = sorted(set(self.plan.scan.work.reads) | set(self.plan.epilogue.reads))
+        lines = ["double carry = 0.0;"] + ([f"const int lane = t % {min(self.T, WARP)};"] if self.T > 1 else [])
+        if self.T > WARP:
+            buffers = min(2, self._scan_chunks)
+            lines += [f"const int warp = t / {WARP};",
+                      f"__shared__ double scan_warps[{buffers}][{K}][{self.R}][{self.T // WARP}];"]
+        body = [f"{self._buffer_type(k)} l{k}[{K}];" for k in reads]
+        body += [f"float pre[{K}][{self.V}];", f"double incl[{K}], excl[{K}], tile[{K}];"]
+        body += self._tile_sums(reads) + self._scan_across_threads() + self._tile_outputs()
+        return lines + ["#pragma unroll 1", f"for (int c = 0; c < {self._scan_chunks}; ++c) {{"] + [
+            "  " + line for line in body] + ["}"]
+
+    def _tile_sums(self, reads: list[int]) -> list[str]:
+        """Each tile's vectors l<k>[i] loaded (zeros past the row's end); pre[i][v], the fp32 sum
+        of the vector's source up to lane v; incl[i], the vector's total (0 past the end)."""
+        scan = self.plan.scan
+        elements = self._element_values(scan.work.reads, lambda k: f"l{k}[i]") + list(scan.work.body)
+        return self._over_tiles(
+            [f"l{k}[i] = ok ? {self._global_read(k)} : {self._buffer_type(k)}{{}};" for k in reads]
+            + ["float run = 0.0f;", "#pragma unroll", f"for (int v = 0; v < {self.V}; ++v) {{"]
+            + ["  " + line for line in elements]
+            + [f"  run += {scan.source};", "  pre[i][v] = run;", "}", "incl[i] = ok ? (double)run : 0.0;"])
+
+    def _tile_outputs(self) -> list[str]:
+        """Each tile's element outputs, from the scan's value at each element (carry + exclusive
+        prefix, rounded to fp32 once a vector, + the prefix in the vector); the carry moves on."""
+        assign, declare, write = self._output_vectors()
+        per_element = (self._element_values(self.plan.epilogue.reads, lambda k: f"l{k}[i]")
+                       + [f"const float {self.plan.scan.value} = base + pre[i][v];"]
+                       + list(self.plan.epilogue.body) + assign)
+        return self._over_tiles(
+            ["const float base = (float)(carry + excl[i]);", "carry += tile[i];", "if (ok) {"]
+            + ["  " + line for line in declare + ["#pragma unroll", f"for (int v = 0; v < {self.V}; ++v) {{"]]
+            + ["    " + line for line in per_element] + ["  }"] + ["  " + line for line in write] + ["}"])
+
+    @property
+    def _scan_tiles(self) -> int:
+        return min(SCAN_TILES, self.E)
+
+    @property
+    def _scan_chunks(self) -> int:
+        return -(-self.E // self._scan_tiles)
+
+    def _over_tiles(self, body: list[str]) -> list[str]:
+        """`body` for each tile i of chunk c, with s its vector's index in the row, j0 its first
+        element and ok whether the row has it."""
+        K = self._scan_tiles
+        bounds = ["row_ok"] + ([f"s < {self.NV}"] if self._scan_chunks * K * self.T != self.NV else [])
+        tile = "i" if self._scan_chunks == 1 else f"(idx_t)c * {K} + i"
+        first = [f"const idx_t j0 = s * {self.V};"] if any("j0" in line for line in body) else []
+        index = [f"const idx_t s = ({tile}) * {self.T} + t;"] if first or len(bounds) > 1 else []
+        return (["#pragma unroll", f"for (int i = 0; i < {K}; ++i) {{"]
+                + ["  " + line for line in index + first + [f"const bool ok = {' && '.join(bounds)};"] + body]
+                + ["}"])
+
+    def _scan_across_threads(self) -> list[str]:
+        """incl[i]: the inclusive scan of the threads' totals of tile i over the row's threads;
+        excl[i] the exclusive one, tile[i] the row's total of the tile."""
+        lanes, K = min(self.T, WARP), self._scan_tiles
+        if lanes == 1:
+            return ["#pragma unroll", f"for (int i = 0; i < {K}; ++i) {{", "  excl[i] = 0.0;", "  tile[i] = incl[i];",
+                    "}"]
+        lines = ["#pragma unroll", f"for (int d = 1; d < {lanes}; d <<= 1) {{", "  #pragma unroll",
+                 f"  for (int i = 0; i < {K}; ++i) {{",
+                 f"    const double up = __shfl_up_sync({FULL_MASK}, incl[i], d, {lanes});",
+                 "    if (lane >= d) incl[i] += up;", "  }", "}",
+                 "#pragma unroll", f"for (int i = 0; i < {K}; ++i) {{",
+                 f"  const double before = __shfl_up_sync({FULL_MASK}, incl[i], 1, {lanes});",
+                 "  excl[i] = lane == 0 ? 0.0 : before;"]
+        if self.T <= WARP:
+            return lines + [f"  tile[i] = __shfl_sync({FULL_MASK}, incl[i], {lanes - 1}, {lanes});", "}"]
+        buffer = "c & 1" if self._scan_chunks > 1 else "0"
+        return lines + ["}", f"if (lane == {WARP - 1}) {{", "  #pragma unroll",
+                        f"  for (int i = 0; i < {K}; ++i) scan_warps[{buffer}][i][slot][warp] = incl[i];", "}",
+                        "__syncthreads();", "#pragma unroll", f"for (int i = 0; i < {K}; ++i) {{",
+                        "  tile[i] = 0.0;", f"  for (int w = 0; w < {self.T // WARP}; ++w) {{",
+                        f"    const double u = scan_warps[{buffer}][i][slot][w];",
+                        "    if (w < warp) excl[i] += u;", "    tile[i] += u;", "  }", "}"]
 
     def _row_stores(self) -> list[str]:
         stores = []
@@ -412,6 +523,11 @@ def _fold(p: Partial, first: str, index: str, count: int, item: str) -> list[str
     """p.acc = the combination of `item` for `index` in [0, count), in order."""
     return [f"{p.acc} = {first};",
             f"for (int {index} = 1; {index} < {count}; ++{index}) {p.acc} = {COMBINE[p.combine].format(a=p.acc, b=item)};"]
+
+
+def _shuffle_xor(value: str) -> str:
+    """`value` of the lane whose index differs from this one's in the bits of m."""
+    return f"__shfl_xor_sync({FULL_MASK}, {value}, m)"
 
 
 def _operand(p: Partial) -> str:

@@ -1,5 +1,5 @@
 """Task -> RowPlan: reductions over the same rows, with their pointwise prologue and epilogue,
-as passes over each row.
+as passes over each row; or a scan (cumsum) along each row, with its prologue and epilogue.
 
 A row is the set of elements one reduction result summarises: the reduced dims D of the shape S
 the reductions read. Values that vary within a row are *element* values (computed per element,
@@ -11,6 +11,10 @@ then computes the per-row values they make ready. The epilogue pass computes ele
 Rounding follows Inductor, not eager: values stay fp32 between ops and are rounded only where
 the graph converts (convert_element_type to fp16/bf16) and where an output is stored. Reductions
 accumulate in fp32; var is two-pass (the mean, then the sum of squared deviations from it).
+
+A scan is an element value: the running sum of its source along the row, up to and including the
+element. Its plan has no passes: one sweep computes the source (the scan's Pass), sums it in order
+and computes the element outputs from the sums (the epilogue, which reads the scan's value).
 """
 from __future__ import annotations
 
@@ -40,6 +44,7 @@ REDUCTIONS = {
     aten.amax.default: "max", aten.amin.default: "min", aten.var.correction: "var",
     aten.var_mean.correction: "var_mean",
 }
+SCANS = {aten.cumsum.default}  # running sums along one dim, in order
 VIEWS = {
     aten.view.default, aten.reshape.default, aten._unsafe_view.default, aten.squeeze.dim, aten.squeeze.dims,
     aten.squeeze.default, aten.unsqueeze.default, aten.expand.default, aten.permute.default, aten.t.default,
@@ -93,6 +98,15 @@ class Pass:
 
 
 @dataclass(frozen=True)
+class Scan:
+    """A running sum along each row: per element, `work` computes `source`; `value` (the C
+    variable the epilogue reads) is the sum of `source` over the row up to and including it."""
+    work: Pass
+    source: str
+    value: str
+
+
+@dataclass(frozen=True)
 class RowPlan:
     outer: tuple[int, ...]          # coalesced sizes of the row index, outermost first
     inner: tuple[int, ...]          # coalesced sizes within a row, outermost first
@@ -107,6 +121,7 @@ class RowPlan:
     along_rows: bool                # threads of a row run along it (its elements are contiguous), else
                                     # across rows (consecutive rows are contiguous: "outer" kernels)
     wide_index: bool                # 64-bit offsets needed
+    scan: Scan | None = None        # a running sum along the rows (then there are no passes)
 
     @property
     def rows(self) -> int:
@@ -144,6 +159,7 @@ class _Builder:
         self.sources: dict[Node, int] = {p: k for k, p in enumerate(placeholders)}
         self.reductions: list[Node] = []
         self.gathers: list[Node] = []  # one element of each row, by a per-row index
+        self.scans: list[Node] = []
 
     # -- the graph -----------------------------------------------------------------------
     def build(self) -> RowPlan:
@@ -159,6 +175,9 @@ class _Builder:
         outer, inner, strides, primary = self._layout(space, dims, placement, per_row, used_inputs)
         if self.gathers and len(inner) != 1:  # the gather's test compares the element's place in its row
             raise Unsupported(f"a gather over rows of {len(inner)} dims not supported")
+        along = _along_rows(strides[used_inputs.index(primary)])
+        if self.scans and (len(inner) != 1 or not along):
+            raise Unsupported("a scan along rows that are not one dim of consecutive elements not supported")
         # one access per distinct read: GroupNorm reads x as itself and through the view the
         # reductions read, the same elements in the same order
         unique: list[Access] = []
@@ -175,12 +194,10 @@ class _Builder:
         passes, prelude, epilogue = program.passes(self.out_nodes)
         reads = [set(p.reads) for p in passes] + [set(epilogue.reads)]
         stored = tuple(k for k in range(len(accesses)) if sum(k in r for r in reads) > 1)
-        first = accesses[access_of[primary]]
-        along = first.inner[-1] == 1 or first.outer[-1] != 1
         width = self._vector_width(inner, accesses, outputs) if along else 1
         wide = math.prod(space) >= 2**30 or any(s.storage_elements() >= 2**31 for s in self.task.inputs + self.task.outputs)
         return RowPlan(outer, inner, self.task.inputs, accesses, outputs, prelude, passes, epilogue, stored,
-                       width, along, wide)
+                       width, along, wide, program.scan(self.scans))
 
     def _layout(self, space, dims, placement: Placement, per_row: dict[Node, bool], used_inputs: list[Node]):
         """Coalesced outer and inner sizes; (outer, inner) strides of each used input, then of each
@@ -216,6 +233,11 @@ class _Builder:
             elif node.target is aten.gather.default:
                 self.gathers.append(node)
                 self.metas[node] = _call_on_meta(node, self.metas)
+            elif node.target in SCANS:
+                if self.metas[node.args[0]].dim() == 0:
+                    raise Unsupported(f"{node.name} scans a 0-d tensor")
+                self.scans.append(node)
+                self.metas[node] = _call_on_meta(node, self.metas)
             elif node.target in VIEWS:
                 self.metas[node] = _call_on_meta(node, self.metas)
                 source = node.args[0]
@@ -232,12 +254,16 @@ class _Builder:
             for value in _tensors(self.metas[node]):
                 if value.dtype not in COMPUTE_DTYPES:
                     raise Unsupported(f"{node.name} is {value.dtype}, not supported")
-        if not self.reductions:
-            raise Unsupported("no reduction")
+        if not self.reductions and not self.scans:
+            raise Unsupported("no reduction or scan")
+        if self.scans and (self.reductions or len(self.scans) > 1):
+            raise Unsupported("a scan with reductions or another scan not supported")
 
     def _rows(self) -> tuple[tuple[int, ...], frozenset[int]]:
-        """The shape every reduction reads and the dims they reduce, which must be the same."""
-        found = {(tuple(self.metas[r.args[0]].shape), _reduced_dims(r, self.metas)) for r in self.reductions}
+        """The shape every reduction (or the scan) reads and the dims they reduce (it runs along),
+        which must be the same."""
+        found = {(tuple(self.metas[r.args[0]].shape), _reduced_dims(r, self.metas))
+                 for r in self.reductions + self.scans}
         if len(found) != 1:
             raise Unsupported(f"reductions over different rows: {sorted((list(s), sorted(d)) for s, d in found)}")
         space, dims = found.pop()
@@ -257,7 +283,7 @@ class _Builder:
         reshapes that split its dims further (GroupNorm's (N, G, C/G, H*W) of x)."""
         trivial = (read_shape, runs(read_shape, read_shape), {})
         sources = {}  # what the reductions read through reshapes: an input, or a value (bf16 x cast up)
-        for r in self.reductions:
+        for r in self.reductions + self.scans:
             node = r.args[0]
             while node.op == "call_function" and node.target in RESHAPES:
                 node = node.args[0]
@@ -287,12 +313,15 @@ class _Builder:
         for g in self.gathers:  # a per-row result, as a reduction that keeps its dim
             for n in (g, g.args[2]):
                 placement.fix(n, reduced_axes(read[1], tuple(sorted(read_dims)), True))
+        for scan in self.scans:  # an element value of the shape it reads
+            for n in (scan.args[0], scan):
+                placement.fix(n, read[1])
         changed = True
         while changed:
             changed = False
             for node in self.nodes:
                 if (node.op == "placeholder" or node.target is operator.getitem or node.target in REDUCTIONS
-                        or node.target is aten.gather.default):
+                        or node.target in SCANS or node.target is aten.gather.default):
                     continue
                 if node in self.sources:  # a view of an input: placed by its users, like an input
                     continue
@@ -387,6 +416,14 @@ class _Program:
         if node.target is aten.gather.default:
             self._render_gather(node)
             return
+        if node.target in SCANS:  # the kernel's scan computes it (codegen), unless rows have one element
+            if self.values[node.args[0]].dtype not in (torch.float32, torch.float16, torch.bfloat16):
+                raise Unsupported(f"scan of a {self.values[node.args[0]].dtype} value not supported")
+            var = f"v{len(self.values)}"
+            self.values[node] = Value(var, meta.dtype)
+            self.statements[node] = [f"const float {var} = {self._scan_source(node)};"] if self.per_row[node] else []
+            self.ready[node] = self.ready[node.args[0]]
+            return
         if node.target in VIEWS:
             self.values[node] = self.values[node.args[0]]
             self.statements[node], self.ready[node] = [], self.ready[node.args[0]]
@@ -471,8 +508,21 @@ class _Program:
     def _partial(self, level: int, node: Node, partial: Partial) -> None:
         self.partials.setdefault(level, []).append((node, partial))
 
+    def scan(self, scans: list[Node]) -> Scan | None:
+        """The plan's scan (at most one; none where rows have one element: there it is its source)."""
+        if not scans or self.per_row[scans[0]]:
+            return None
+        node = scans[0]
+        return Scan(Pass(*self._element_work([node.args[0]])), self._scan_source(node), self.var(node))
+
+    def _scan_source(self, node: Node) -> str:
+        """What a scan sums per element: its source, rounded where the scan's dtype asks
+        (cumsum(x, dtype=torch.bfloat16) of fp32 x sums x rounded to bf16)."""
+        source, dtype = self.values[node.args[0]], self.values[node].dtype
+        return source.var if source.dtype == dtype else dtype_info(dtype).round.format(source.var)
+
     def passes(self, out_nodes: list[Node]) -> tuple[tuple[Pass, ...], tuple[str, ...], Pass]:
-        levels = max(self.partials) + 1
+        levels = max(self.partials, default=-1) + 1
         row_lines: dict[int, list[str]] = {}
         for node in self.b.nodes:
             if node in self.statements and self.per_row.get(node, True) and node not in self.access_of:
@@ -497,12 +547,20 @@ class _Program:
             if n in needed or self.per_row.get(n, True) or n not in self.statements:
                 continue
             needed.add(n)
-            if n.target is not operator.getitem and n.target not in REDUCTIONS and n not in self.access_of:
+            if (n.target is not operator.getitem and n.target not in REDUCTIONS and n.target not in SCANS
+                    and n not in self.access_of):
                 stack.extend(n.all_input_nodes)
         ordered = [n for n in self.b.nodes if n in needed]
         reads = tuple(sorted(self.access_of[n] for n in ordered if n in self.access_of))
         body = tuple(line for n in ordered for line in self.statements[n])
         return reads, body
+
+
+def _along_rows(strides: tuple[tuple[int, ...], tuple[int, ...]]) -> bool:
+    """Threads run along the rows (the primary input's (outer, inner) `strides`): its elements
+    are contiguous, or its consecutive rows are not."""
+    outer, inner = strides
+    return inner[-1] == 1 or outer[-1] != 1
 
 
 def _over_space(axes: Axes, strides, space: tuple[int, ...]) -> tuple[int, ...]:
@@ -528,6 +586,8 @@ def _call_on_meta(node: Node, metas: dict) -> object:
 def _reduced_dims(node: Node, metas: dict) -> frozenset[int]:
     rank = metas[node.args[0]].dim()
     dims = bind_arguments(node).get("dim")
+    if isinstance(dims, int):  # a scan's one dim
+        return frozenset({dims % rank})
     if not dims:  # None or []: every dim
         return frozenset(range(rank))
     return frozenset(d % rank for d in dims)

@@ -106,15 +106,17 @@ inline unsigned char* dynamic_shared() { return block->arena.data(); }
 
 inline void sync_block() { block->barrier->arrive_and_wait(); }
 
+inline unsigned lane() { return linear % 32; }
+
+// `value` of lane `source` of this thread's warp (every lane of the warp takes part).
 template <typename T>
-T shuffle_xor(T value, int mask) {
+T shuffle_from(T value, unsigned source) {
   static_assert(sizeof(T) <= 8, "shuffled values are at most 8 bytes");
   Warp& warp = block->warps[linear / 32];
-  const unsigned lane = linear % 32;
-  std::memcpy(&warp.slots[lane], &value, sizeof(T));
+  std::memcpy(&warp.slots[lane()], &value, sizeof(T));
   warp.barrier->arrive_and_wait();
   T other;
-  std::memcpy(&other, &warp.slots[lane ^ mask], sizeof(T));
+  std::memcpy(&other, &warp.slots[source], sizeof(T));
   warp.barrier->arrive_and_wait();
   return other;
 }
@@ -190,7 +192,20 @@ inline void __syncthreads() { emu::sync_block(); }
 
 template <typename T>
 T __shfl_xor_sync(unsigned, T value, int mask) {
-  return emu::shuffle_xor(value, mask);
+  return emu::shuffle_from(value, emu::lane() ^ mask);
+}
+
+// Lanes in segments of `width`: lane - delta of the same segment, or the lane's own value.
+template <typename T>
+T __shfl_up_sync(unsigned, T value, int delta, int width = 32) {
+  const unsigned lane = emu::lane();
+  return emu::shuffle_from(value, lane % width >= static_cast<unsigned>(delta) ? lane - delta : lane);
+}
+
+template <typename T>
+T __shfl_sync(unsigned, T value, int source, int width = 32) {
+  const unsigned lane = emu::lane();
+  return emu::shuffle_from(value, lane / width * width + source % width);
 }
 
 template <typename T>
