@@ -38,6 +38,10 @@ KEEP_AT = 1.0
 # shows wherever the GPU has other work to do; the host's cost is no more than noise.
 NOISE_AT = 0.98
 GPU_KEEP_AT = 1.05
+# And never where the graph's GPU time is slower than Inductor's beyond that noise: a graph faster
+# only by its host's time (one launch of ours for three of Inductor's) is faster where calls wait on
+# the host, and slower wherever the GPU is the busy one (a bf16 softmax over 16 x 393216 rows: the
+# whole graph 1.73x with our kernel by host time, the kernel 0.94x Inductor's on the GPU).
 MEMORY_SHARE = 0.25  # see too_big
 
 
@@ -62,8 +66,10 @@ class ContextCheck:
 def keeps(timing: ContextTiming) -> bool:
     if timing.status != "passed":
         return False
-    speedup, gpu_speedup = timing.speedup or 0.0, timing.gpu_speedup or 0.0
-    return speedup >= KEEP_AT or (speedup >= NOISE_AT and gpu_speedup >= GPU_KEEP_AT)
+    speedup, gpu_speedup = timing.speedup or 0.0, timing.gpu_speedup
+    if gpu_speedup is None:  # an older worker's reply: the graph's time alone
+        return speedup >= KEEP_AT
+    return gpu_speedup >= NOISE_AT and (speedup >= KEEP_AT or (speedup >= NOISE_AT and gpu_speedup >= GPU_KEEP_AT))
 
 
 def describe(timing: ContextTiming) -> str:
@@ -71,7 +77,7 @@ def describe(timing: ContextTiming) -> str:
         return f"the in-context check failed ({timing.status}: {timing.reason})"
     text = (f"the whole graph ran {timing.speedup:.2f}x Inductor's speed with our kernels "
             f"({timing.ours_ms:.4g} ms vs {timing.inductor_ms:.4g} ms)")
-    if timing.gpu_speedup is not None and timing.speedup < KEEP_AT:
+    if timing.gpu_speedup is not None:
         text += f", {timing.gpu_speedup:.2f}x on the GPU"
     return text
 

@@ -340,10 +340,13 @@ def test_graphs_that_differ_beyond_tolerance_are_judged_against_float64():
     (0.1005, 0.1, 0.069, 0.07, False),  # a tie, and no faster on the GPU: dropped
     (0.105, 0.1, 0.05, 0.07, False),   # slower beyond noise however fast its GPU part: dropped
     (0.1005, 0.1, None, None, False),  # no GPU times (an older worker's reply): the graph's time alone
+    (0.09, 0.1, None, None, True),
+    (0.05, 0.1, 0.074, 0.07, False),   # faster by its host's time only, slower on the GPU: dropped
+    (0.05, 0.1, 0.0714, 0.07, True),   # faster, and on the GPU within noise: kept
 ])
 def test_a_tie_on_host_time_keeps_a_kernel_faster_on_the_gpu(ours, inductor, ours_gpu, inductor_gpu, kept):
     from agent_backend.env.results import ContextTiming
     from agent_backend.in_context import describe, keeps
     timing = ContextTiming("passed", "", ours, inductor, "cuda:0", ours_gpu, inductor_gpu)
     assert keeps(timing) is kept
-    assert ("on the GPU" in describe(timing)) is (ours > inductor and ours_gpu is not None)
+    assert ("on the GPU" in describe(timing)) is (ours_gpu is not None)
