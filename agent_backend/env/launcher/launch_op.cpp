@@ -175,9 +175,22 @@ std::vector<at::Tensor> allocate_outputs(const Spec& spec, Empty empty) {
   return outputs;
 }
 
+// The allocator at::empty_strided takes for CUDA tensors, found once from a tensor it made:
+// torch's caching allocator, or a pluggable one set by torch.cuda.memory.change_current_allocator,
+// which c10::GetAllocator(kCUDA) does not follow (and the caching allocator it keeps is then
+// never initialised).
+c10::Allocator* cuda_allocator(c10::Device device) {
+  static c10::Allocator* const allocator = [device] {
+    c10::Allocator* found = at::empty({0}, at::TensorOptions().dtype(at::kByte).device(device)).storage().allocator();
+    TORCH_CHECK(found != nullptr, "cuda_agent::launch: CUDA tensors come from no allocator");
+    return found;
+  }();
+  return allocator;
+}
+
 // What at::empty_strided does for a CUDA device, less its dispatch (about 1 us a call on an
-// H100's host): the caching allocator, registered as the CUDA allocator, allocates on the current
-// device, from a CUDA graph's private pool while the current stream is capturing.
+// H100's host): `allocator` (cuda_allocator) allocates on the current device, from a CUDA graph's
+// private pool while the current stream is capturing.
 at::Tensor empty_cuda(const Layout& layout, c10::Allocator* allocator) {
   return at::detail::empty_strided_generic(layout.sizes, layout.strides, allocator,
                                            c10::DispatchKeySet(c10::DispatchKey::CUDA), layout.dtype);
@@ -254,7 +267,7 @@ std::vector<at::Tensor> launch_cuda(c10::string_view key, c10::string_view progr
   check_inputs(*spec, inputs, c10::DeviceType::CUDA);
   const c10::Device device = inputs[0].device();
   const CurrentDevice current(device);
-  c10::Allocator* allocator = c10::GetAllocator(c10::DeviceType::CUDA);
+  c10::Allocator* allocator = cuda_allocator(device);
   std::vector<at::Tensor> outputs =
       allocate_outputs(*spec, [allocator](const Layout& layout) { return empty_cuda(layout, allocator); });
   Kernel& kernel = choose_kernel(*spec, inputs);
