@@ -191,9 +191,10 @@ c10::Allocator* cuda_allocator(c10::Device device) {
 // What at::empty_strided does for a CUDA device, less its dispatch (about 1 us a call on an
 // H100's host): `allocator` (cuda_allocator) allocates on the current device, from a CUDA graph's
 // private pool while the current stream is capturing.
-at::Tensor empty_cuda(const Layout& layout, c10::Allocator* allocator) {
-  return at::detail::empty_strided_generic(layout.sizes, layout.strides, allocator,
-                                           c10::DispatchKeySet(c10::DispatchKey::CUDA), layout.dtype);
+at::Tensor empty_cuda(c10::IntArrayRef sizes, c10::IntArrayRef strides, at::ScalarType dtype,
+                      c10::Allocator* allocator) {
+  return at::detail::empty_strided_generic(sizes, strides, allocator, c10::DispatchKeySet(c10::DispatchKey::CUDA),
+                                           dtype);
 }
 
 // The inputs' device made current for the call (the allocator and the driver work on the current
@@ -269,7 +270,9 @@ std::vector<at::Tensor> launch_cuda(c10::string_view key, c10::string_view progr
   const CurrentDevice current(device);
   c10::Allocator* allocator = cuda_allocator(device);
   std::vector<at::Tensor> outputs =
-      allocate_outputs(*spec, [allocator](const Layout& layout) { return empty_cuda(layout, allocator); });
+      allocate_outputs(*spec, [allocator](const Layout& layout) {
+        return empty_cuda(layout.sizes, layout.strides, layout.dtype, allocator);
+      });
   Kernel& kernel = choose_kernel(*spec, inputs);
   const CUfunction function = function_on(kernel, device.index());
   const size_t count = kernel.kinds.size();
@@ -285,9 +288,7 @@ std::vector<at::Tensor> launch_cuda(c10::string_view key, c10::string_view progr
       case ArgKind::Output: values[a].ptr = outputs[kernel.indices[a]].mutable_data_ptr(); break;
       case ArgKind::Constant: values[a] = kernel.constants[a]; break;
       case ArgKind::Workspace:
-        workspaces.push_back(at::detail::empty_generic({kernel.constants[a].i64}, allocator,
-                                                       c10::DispatchKeySet(c10::DispatchKey::CUDA), at::kByte,
-                                                       std::nullopt));
+        workspaces.push_back(empty_cuda({kernel.constants[a].i64}, {1}, at::kByte, allocator));
         values[a].ptr = workspaces.back().mutable_data_ptr();
         break;
     }
