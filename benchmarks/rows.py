@@ -37,6 +37,13 @@ def cases():
         "sum_f32_1x16M": (lambda x: x.sum(-1), (r(1, 1 << 24),)),
         "mean_dim1_f32_64x512x256": (lambda x: x.mean(1), (r(64, 512, 256),)),
         "logsumexp_f32_4kx4k": (lambda x: torch.logsumexp(x, -1), (r(4096, 4096),)),
+        # column sums: a bias's gradient in a transformer's training step (batch x sequence rows,
+        # hidden or MLP columns), and the suite's tall one
+        "bias_grad_bf16_4096x768": (lambda x: x.sum(0), (r(4096, 768, dtype=bf16),)),
+        "bias_grad_bf16_4096x3072": (lambda x: x.sum(0), (r(4096, 3072, dtype=bf16),)),
+        "bias_grad_f32_4096x768": (lambda x: x.sum(0), (r(4096, 768),)),
+        "sum_columns_bf16_16kx4k": (lambda x: x.sum(0), (r(16384, 4096, dtype=bf16),)),
+        "sum_columns_f32_16kx4k": (lambda x: x.sum(0), (r(16384, 4096),)),
     }
 
 

@@ -55,7 +55,7 @@ def test_backward_tasks_compute_their_gradients(name, dtype, tmp_path):
 
 # (task, launch): long-row shapes on rows short enough to emulate. Shared-memory rows, register
 # and shared-memory clusters (slices of unequal length where the row does not divide), rows split
-# over a cooperative grid, sub-warp
+# over a cooperative grid (along rows and across them), sub-warp
 # rows, several rows a block across warps, streaming clusters, rows of one element.
 LONG = {
     "shared_block": (lambda: resized(case_task("softmax", f32), (3, 2000)), Launch(64, 1, 4, "shared")),
@@ -74,6 +74,16 @@ LONG = {
     "split_amax_scalar": (lambda: resized(case_task("amax_last", bf16), (2, 4097)), Launch(32, 1, 1, split=8)),
     "split_mse_whole": (lambda: resized(case_task("mse_loss", f32), (40, 100), (40, 100)), Launch(32, 1, 4, split=8)),
     "split_softmax": (lambda: resized(case_task("softmax", bf16), (2, 2000)), Launch(32, 1, 8, split=4)),
+    # and columns (rows across the threads of a warp) split likewise: a column sum whose rows do not
+    # fill the last warp, and a softmax over dim 1 held in registers over its passes
+    "split_columns": (lambda: resized(case_task("sum_columns", f32), (300, 40)), Launch(8, 32, 1, split=4)),
+    "split_columns_bf16": (lambda: resized(case_task("sum_columns", bf16), (1000, 70)), Launch(8, 32, 1, split=8)),
+    "split_softmax_dim1": (lambda: case_task("softmax_dim1", f32, (4, 50, 20)), Launch(8, 32, 1, split=2)),
+    # threads taking several consecutive columns at once (a vector across them), split or not,
+    # rows of the columns not dividing among the blocks
+    "lanes_split_bf16": (lambda: resized(case_task("sum_columns", bf16), (1000, 64)), Launch(32, 8, 8, split=4)),
+    "lanes_f32": (lambda: resized(case_task("sum_columns", f32), (77, 96)), Launch(4, 8, 4)),
+    "lanes_mean_dim1": (lambda: case_task("mean_dim1", bf16, (3, 70, 16)), Launch(8, 2, 8, split=2)),
     "var_streaming_rows": (lambda: resized(case_task("var_last", f16), (5, 33)), Launch(8, 4, 1)),
     "sub_warp_rows": (lambda: resized(case_task("amax_last", bf16), (64, 7)), Launch(4, 8, 1)),
     "warps_per_row": (lambda: resized(case_task("rmsnorm", f32), (3, 1000), (1000,)), Launch(128, 2, 4)),

@@ -96,9 +96,11 @@ SHAPES = [
     ("rmsnorm", bf16, [(4, 393216), (393216,)]), ("logsumexp", f32, [(3, 4097)]),
     ("sum_last", bf16, [(1, 393216)]), ("sum_last", f32, [(4096, 7)]), ("amax_last", f32, [(2, 4097)]),
     ("var_last", f16, [(7, 4097)]), ("mean_dim1", bf16, [(3, 4097, 5)]), ("softmax_dim1", f16, [(2, 100, 33)]),
-    # column sums, tall and odd; long rows split over a cooperative grid (a sweep, rows held on
+    # column sums, tall and odd, and a bias's gradient (few columns: split over a cooperative grid,
+    # as is a softmax over dim 1 of few columns); long rows split likewise (a sweep, rows held on
     # chip, a loss over a whole tensor)
     ("sum_columns", bf16, [(16384, 4096)]), ("sum_columns", f32, [(100003, 37)]),
+    ("sum_columns", bf16, [(4096, 768)]), ("softmax_dim1", f32, [(4, 4096, 50)]),
     ("amax_last", bf16, [(16, 393216)]), ("sum_last", f32, [(16, 393217)]),
     ("mse_loss", bf16, [(8192, 4096), (8192, 4096)]), ("mse_loss", f32, [(1000, 999), (1000, 999)]),
 ]

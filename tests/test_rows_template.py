@@ -27,7 +27,7 @@ from agent_backend.task import load_program
 from helpers import launch_spec_of
 from skills.rows import propose, supports
 from skills.rows.candidates import launch_configs, model_source, tag
-from skills.rows.codegen import Launch, grid_blocks, kernel_source, shared_bytes, workspace_bytes
+from skills.rows.codegen import Launch, grid_blocks, kernel_source, lanes_fit, shared_bytes, workspace_bytes
 from skills.rows.plan import build_plan
 from skills.rows.placement import refine, runs
 
@@ -264,6 +264,35 @@ def test_few_long_rows_are_split_over_a_cooperative_grid():
     assert all(c.split == 1 for c in launch_configs(build_plan(resized(case_task("softmax", f32), (16, 393216)))))
     for name in ("softmax", "sum_last"):
         assert all(c.split == 1 for c in launch_configs(build_plan(case_task(name, f32))))
+
+
+def test_columns_are_read_a_vector_across_them_and_few_are_split():
+    """A bias's gradient (a column sum over 4096 x 768): each thread takes 8 consecutive columns
+    (a 16-byte vector across them a step; 4 in fp32), 8 threads across by 32 along a block, and
+    too few columns to fill the GPU are split along their length over a cooperative grid, each
+    block's partials through the workspace, folded in order; many columns are not split. Columns
+    that cannot be read so (no vector across them) are split a warp of them a block."""
+    plan = build_plan(resized(case_task("sum_columns", bf16), (4096, 768)))
+    configs = launch_configs(plan)
+    assert [tag(plan, c) for c in configs] == ["y32r8w8g16", "y32r8w8g8", "y32r32"]
+    assert grid_blocks(plan, configs[0]) == 768 // 64 * 16 and workspace_bytes(plan, configs[0]) == 8 * 768 * 16
+    source = kernel_source(plan, "k", configs[0])
+    assert "const idx_t row = ((idx_t)(blockIdx.x / 16) * 8 + slot) * 8;" in source
+    assert "const Vec<bf16, 8> l0 = *reinterpret_cast<const Vec<bf16, 8>*>(in0 + a0_base + j0 * 768);" in source
+    assert "if (row_ok && t == 0) ws0_w7[(row + 7) * 16 + blockIdx.x % 16] = acc1_w7;" in source
+    assert source.count("grid.sync();") == 1 and source.count("__syncthreads();") == 1
+    assert ("for (int g = 0; row_ok && g < 16; g += 1) acc1_w3 = (acc1_w3 + __ldcg(&ws0_w3[(row + 3) * 16 + g]));"
+            in source)
+    assert "out0[out0_base + 7] = float_to_bf16(v1_w7);" in source
+    # where the data is not aligned, one element an access: 8 times the blocks, an eighth the split
+    program = model_source(plan, configs[0])
+    assert "MAIN_ALIGNMENT = (16,)" in program and "FALLBACK_LAUNCH = (192, (8, 32), 0, 1, 12288)" in program
+    tall = build_plan(resized(case_task("sum_columns", f32), (16384, 4096)))
+    assert [tag(tall, c) for c in launch_configs(tall)] == ["y32r8w4g4", "y32r8w4g2", "y32r32"]
+    assert all(c.split == 1 for c in launch_configs(build_plan(resized(case_task("mean_dim1", f32), (64, 512, 256)))))
+    odd = build_plan(resized(case_task("sum_columns", f32), (100003, 37)))
+    assert [tag(odd, c) for c in launch_configs(odd)] == ["y32r32", "y8r32g256", "y8r32g128"]
+    assert not lanes_fit(odd, 2) and lanes_fit(tall, 4) and not lanes_fit(build_plan(case_task("softmax_dim1")), 2)
 
 
 def test_logsumexp_is_one_task_with_its_views_and_constant():

@@ -8,8 +8,8 @@ import string
 from agent_backend.specs import Candidate
 from skills.pointwise.errors import Unsupported
 
-from .codegen import (TYPICAL_SM_COUNT, Launch, buffer_bytes, grid_blocks, is_vector_access, kernel_source,
-                      shared_bytes, vectors_per_thread, workspace_bytes)
+from .codegen import (TYPICAL_SM_COUNT, WARP, Launch, buffer_bytes, grid_blocks, is_vector_access,
+                      kernel_source, lanes, lanes_fit, shared_bytes, vectors_per_thread, workspace_bytes)
 from .plan import RowPlan
 
 REGISTER_WORDS = 32        # 32-bit registers a thread may spend on its part of the on-chip rows
@@ -19,6 +19,14 @@ MAX_CLUSTER = 8            # the portable thread-block cluster size
 # cooperative grid is resident at up to 64 registers a thread.
 SPLIT_THREADS, SPLIT_BLOCKS = 256, 4 * TYPICAL_SM_COUNT
 MAX_BLOCK = 1024
+# A split column sum's block: a warp of consecutive rows (contiguous accesses) by this many
+# threads along them (256 threads, four blocks an SM, as a split row's).
+SPLIT_COLUMN_THREADS = 8
+# Where a thread takes several consecutive rows (a 16-byte vector across them): 8 threads across
+# (128 bytes of each row's elements) by 32 along, 256 threads a block. On an H100 (2026-11-25),
+# 32 across by 8 along ran 2-10x slower: every thread of every block folded all of its rows'
+# slots of the workspace (split 32-64) after grid.sync().
+LANE_ROWS, LANE_BLOCK = (8,), 256
 # A scan's threads a row: each warp's total is read by every thread of the row once a tile, so
 # more warps cost more (on an H100, cumsum of 8192 x 4096: 128-256 threads 98-100% of the copy
 # rate in bf16 and fp32, 32-64 threads 90-96%, 512 88-95%, 1024 47-76%).
@@ -148,12 +156,35 @@ def _across_rows(plan: RowPlan) -> list[Launch]:
         c = Launch(threads, rows)
         if _words(plan, c) <= REGISTER_WORDS:
             configs.append(c)
-    return configs
+    width = _lanes_width(plan)
+    if width > 1:  # a vector across rows each access, each row's elements read 128 bytes at a time
+        return [c for rows in LANE_ROWS for c in _split_columns(plan, LANE_BLOCK // rows, rows, width)] + configs
+    return configs + [c for c in _split_columns(plan, SPLIT_COLUMN_THREADS, WARP, 1) if c.split > 1]
+
+
+def _lanes_width(plan: RowPlan) -> int:
+    """The most consecutive rows a thread may take at once, reading 16 bytes of each input a step."""
+    widest = max((plan.inputs[a.input].torch_dtype.itemsize for a in plan.accesses), default=4)
+    return next((w for w in (8, 4, 2) if w * widest <= 16 and lanes_fit(plan, w)), 1)
+
+
+def _split_columns(plan: RowPlan, threads: int, rows: int, width: int) -> list[Launch]:
+    """Rows too few to fill the SMs (a bias's gradient: a column sum over 4096 x 768) split along
+    their length over the blocks of a cooperative grid (blocks of `rows` x `threads` threads, each
+    taking `width` rows), as far as that leaves at least 8 elements a thread; that split and half
+    of it, where the rows' held part fits in half the words."""
+    row_groups = -(-plan.rows // (rows * width))
+    split = 1
+    while row_groups * split * 2 <= SPLIT_BLOCKS and plan.row_length >= threads * split * 2 * 8:
+        split *= 2
+    shapes = dict.fromkeys(Launch(threads, rows, width, split=s) for s in (split, max(1, split // 2)))
+    return [c for c in shapes if _words(plan, c) <= REGISTER_WORDS // 2]
 
 
 def tag(plan: RowPlan, launch: Launch) -> str:
     if not plan.along_rows:
-        return f"y{launch.threads}r{launch.rows}"
+        return (f"y{launch.threads}r{launch.rows}" + (f"w{launch.width}" if launch.width > 1 else "")
+                + (f"g{launch.split}" if launch.split > 1 else ""))
     return (f"t{launch.threads}r{launch.rows}v{launch.width}"
             + ("s" if launch.storage == "shared" and plan.stored else "")
             + (f"c{launch.cluster}" if launch.cluster > 1 else "") + (f"g{launch.split}" if launch.split > 1 else ""))
@@ -217,7 +248,9 @@ def model_source(plan: RowPlan, launch: Launch) -> str:
     """KernelBench-style program whose ModelNew runs `plan` with `launch` (a launch spec),
     compiled for the current GPU at import."""
     name = f"rows_{tag(plan, launch)}"
-    scalar = dataclasses.replace(launch, width=1)
+    # one element an access; across rows, a thread's rows spread over more blocks, so the split
+    # shrinks as much (a cooperative grid must fit on the GPU at once)
+    scalar = dataclasses.replace(launch, width=1, split=max(1, launch.split // lanes(plan, launch)))
     fallback = kernel_source(plan, name, scalar) if launch.width > 1 else None
     alignment = [1] * len(plan.inputs)
     for k, a in enumerate(plan.accesses):

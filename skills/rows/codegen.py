@@ -16,6 +16,9 @@ Plans whose rows are not contiguous but whose consecutive rows are (a reduction 
 (B, C, L), or over the rows of a matrix: a column sum) get the "across rows" kernel: a block of
 rows x threads threads, threadIdx.x running over consecutive rows (so a warp's accesses are
 contiguous), threadIdx.y over the elements of each row; partials combine through shared memory.
+A thread may take `width` consecutive rows (lanes_fit), reading a vector across them a step: the
+per-row code is then written once for each of its rows, its names suffixed _w0, _w1, ... Few
+rows are split along their length over a cooperative grid, as long rows are.
 
 A plan with a scan (cumsum) streams each row in order instead, in chunks of tiles (a tile: a
 vector of each of the row's threads): each thread sums its vectors' elements in fp32, the thread
@@ -69,9 +72,20 @@ class Launch:
         return self.cluster * self.split
 
 
+def along_width(plan: RowPlan, launch: Launch) -> int:
+    """Elements a thread reads at a time along its row (the launch's width along rows; across
+    rows, the width is the rows a thread takes)."""
+    return launch.width if plan.along_rows else 1
+
+
+def lanes(plan: RowPlan, launch: Launch) -> int:
+    """Consecutive rows a thread takes (across rows), reading each element of all of them at once."""
+    return 1 if plan.along_rows else launch.width
+
+
 def slice_vectors(plan: RowPlan, launch: Launch) -> int:
     """Vectors of one row each block of a cluster (or of a split row) takes."""
-    return -(-(plan.row_length // launch.width) // launch.blocks_per_row)
+    return -(-(plan.row_length // along_width(plan, launch)) // launch.blocks_per_row)
 
 
 def vectors_per_thread(plan: RowPlan, launch: Launch) -> int:
@@ -79,7 +93,7 @@ def vectors_per_thread(plan: RowPlan, launch: Launch) -> int:
 
 
 def grid_blocks(plan: RowPlan, launch: Launch) -> int:
-    return -(-plan.rows // launch.rows) * launch.blocks_per_row
+    return -(-plan.rows // (launch.rows * lanes(plan, launch))) * launch.blocks_per_row
 
 
 def workspace_bytes(plan: RowPlan, launch: Launch) -> int:
@@ -109,8 +123,29 @@ def _round16(n: int) -> int:
 
 
 def is_vector_access(plan: RowPlan, k: int, width: int) -> bool:
-    """Access k is read `width` elements at a time; else one element stands for the vector."""
-    return width > 1 and plan.accesses[k].inner[-1] != 0
+    """Access k is read `width` elements at a time (along its row, or across rows: an element
+    of each of a thread's rows); else one element stands for the vector."""
+    a = plan.accesses[k]
+    return width > 1 and (a.inner[-1] if plan.along_rows else a.outer[-1]) != 0
+
+
+_COORDINATE = re.compile(r"\bo\d+\b")
+
+
+def lanes_fit(plan: RowPlan, width: int) -> bool:
+    """Across rows, whether a thread may take `width` consecutive rows: they share every outer
+    coordinate but the last (of which width divides the size), each access and output steps
+    by 1 or 0 from row to row and aligns to width elements in every other step, the rows'
+    values need no coordinate, and nothing is held on chip or written per element."""
+    steps = [(a.outer, a.inner) for a in plan.accesses] + [(o.outer, o.inner) for o in plan.outputs]
+    lines = list(plan.prelude) + [line for p in plan.passes for line in p.body + p.after]
+    lines += [o.value for o in plan.outputs]
+    return (not plan.along_rows and not plan.stored and not plan.scan and all(o.per_row for o in plan.outputs)
+            and plan.outer[-1] % width == 0
+            and all(outer[-1] in (0, 1) and all(st % width == 0 for st in outer[:-1] + inner)
+                    for outer, inner in steps)
+            and all(o.outer[-1] == 1 for o in plan.outputs)
+            and not any(_COORDINATE.search(line) or _ROW.search(line) for line in lines))
 
 
 def buffer_bytes(plan: RowPlan, k: int, width: int) -> int:
@@ -120,10 +155,14 @@ def buffer_bytes(plan: RowPlan, k: int, width: int) -> int:
 
 class _Writer:
     def __init__(self, plan: RowPlan, launch: Launch):
-        if launch.width > 1 and (plan.vector_width % launch.width or not plan.along_rows):
+        if launch.width > 1 and plan.along_rows and plan.vector_width % launch.width:
             raise ValueError(f"width {launch.width} does not divide the plan's vector width {plan.vector_width}")
-        if launch.blocks_per_row > 1 and (launch.rows != 1 or not plan.along_rows):
-            raise ValueError("a row split over blocks is one row a block, along it")
+        if launch.width > 1 and not plan.along_rows and not lanes_fit(plan, launch.width):
+            raise ValueError(f"a thread cannot take {launch.width} rows of this plan at once")
+        if launch.cluster > 1 and (launch.rows != 1 or not plan.along_rows):
+            raise ValueError("a row split over a cluster is one row a block, along it")
+        if launch.split > 1 and launch.rows != 1 and plan.along_rows:
+            raise ValueError("a row split over a cooperative grid along it is one row a block")
         if launch.cluster > 1 and launch.split > 1:
             raise ValueError("a row is split over a cluster or over a cooperative grid, not both")
         if launch.storage == "shared" and not plan.along_rows:
@@ -131,11 +170,12 @@ class _Writer:
         if plan.scan and (launch.blocks_per_row > 1 or launch.storage != "registers"):
             raise ValueError("a scan streams its rows, each within one block")
         self.plan, self.launch = plan, launch
-        self.V, self.T, self.R, self.C, self.S = launch.width, launch.threads, launch.rows, launch.cluster, launch.split
+        self.T, self.R, self.C, self.S = launch.threads, launch.rows, launch.cluster, launch.split
+        self.V, self.L = along_width(plan, launch), lanes(plan, launch)
         self.B = launch.blocks_per_row
         self.E = vectors_per_thread(plan, launch)
         self.SV = slice_vectors(plan, launch)
-        self.NV = plan.row_length // launch.width
+        self.NV = plan.row_length // self.V
         self.partial_index = {p.acc: i for i, p in enumerate(p for ps in plan.passes for p in ps.partials)}
 
     # -- the kernel ------------------------------------------------------------------------
@@ -145,7 +185,8 @@ class _Writer:
                    for k, s in enumerate(plan.inputs)]
                   + [f"{dtype_info(o.spec.torch_dtype).storage}* __restrict__ out{k}" for k, o in enumerate(plan.outputs)]
                   + (["unsigned char* ws"] if self.S > 1 else []))
-        lines = self._thread_index() + self._bases() + self._row_reads() + list(plan.prelude) + self._load_stored()
+        lines = (self._thread_index() + self._bases() + self._row_reads() + self._lanes(plan.prelude)
+                 + self._load_stored())
         for p in plan.passes:
             lines += self._pass(p)
         if plan.scan:
@@ -177,8 +218,10 @@ extern "C" __global__ void __launch_bounds__({self._bounds()}) {name}({", ".join
     def _thread_index(self) -> list[str]:
         """t: the thread's place in its row; slot: its row in the block; row: the row index."""
         if not self.plan.along_rows:
-            lines = ["const int t = threadIdx.y;", "const int slot = threadIdx.x;",
-                     f"const idx_t row = (idx_t)blockIdx.x * {self.R} + slot;"]
+            group = f"(blockIdx.x / {self.S})" if self.S > 1 else "blockIdx.x"
+            first = f"(idx_t){group} * {self.R} + slot"
+            first = f"({first}) * {self.L}" if self.L > 1 else first
+            lines = ["const int t = threadIdx.y;", "const int slot = threadIdx.x;", f"const idx_t row = {first};"]
         elif self.R == 1:
             lines = ["const int t = threadIdx.x;", "const int slot = 0;",
                      f"const idx_t row = (idx_t)blockIdx.x{f' / {self.B}' if self.B > 1 else ''};"]
@@ -214,9 +257,23 @@ extern "C" __global__ void __launch_bounds__({self._bounds()}) {name}({", ".join
         for k, a in enumerate(self.plan.accesses):
             if a.per_row:
                 info = operand_info(self.plan.inputs[a.input].torch_dtype)
-                lines.append(f"const {info.ctype} a{k} = row_ok ? {info.load.format(f'in{a.input}[a{k}_base]')} "
-                             f": ({info.ctype})0;")
+                for w in range(self.L):  # lane w's row is w elements on where the access steps by rows
+                    at = f"a{k}_base + {w}" if self.L > 1 and a.outer[-1] else f"a{k}_base"
+                    value = info.load.format(f"in{a.input}[{at}]")
+                    lines += self._in_lane([f"const {info.ctype} a{k} = row_ok ? {value} : ({info.ctype})0;"], w)
         return lines
+
+    def _lanes(self, lines: list[str]) -> list[str]:
+        """Per-row `lines` once for each of the thread's rows (across rows, a thread may take several)."""
+        if self.L == 1:
+            return list(lines)
+        return [line for w in range(self.L) for line in self._in_lane(lines, w)]
+
+    def _in_lane(self, lines: list[str], w: int) -> list[str]:
+        """`lines` for the thread's row w: its values renamed (a0 -> a0_w1, ...), row -> (row + w)."""
+        if self.L == 1:
+            return list(lines)
+        return [_ROW.sub(f"(row + {w})", _LANE_LOCAL.sub(rf"\1_w{w}", line)) for line in lines]
 
     # -- sweeps over the row -------------------------------------------------------------------
     def _offset(self, inner: tuple[int, ...], index: str) -> str:
@@ -241,9 +298,10 @@ extern "C" __global__ void __launch_bounds__({self._bounds()}) {name}({", ".join
         """The vector (or element) of access k at the element j0."""
         a = self.plan.accesses[k]
         address = f"in{a.input} + a{k}_base + {self._offset(a.inner, 'j0')}"
-        if is_vector_access(self.plan, k, self.V):
+        width = self.launch.width
+        if is_vector_access(self.plan, k, width):
             storage = dtype_info(self.plan.inputs[a.input].torch_dtype).storage
-            return f"*reinterpret_cast<const Vec<{storage}, {self.V}>*>({address})"
+            return f"*reinterpret_cast<const Vec<{storage}, {width}>*>({address})"
         return f"*({address})"
 
     def _element(self, k: int, holder: str) -> str:
@@ -271,7 +329,8 @@ extern "C" __global__ void __launch_bounds__({self._bounds()}) {name}({", ".join
 
     def _buffer_type(self, k: int) -> str:
         storage = dtype_info(self.plan.inputs[self.plan.accesses[k].input].torch_dtype).storage
-        return f"Vec<{storage}, {self.V}>" if is_vector_access(self.plan, k, self.V) else storage
+        width = self.launch.width
+        return f"Vec<{storage}, {width}>" if is_vector_access(self.plan, k, width) else storage
 
     def _loop(self, body: list[str]) -> list[str]:
         """`body` for every vector of the thread's slice of the row, with j0 its first element."""
@@ -291,11 +350,24 @@ extern "C" __global__ void __launch_bounds__({self._bounds()}) {name}({", ".join
         `work.body` and `per_element_end`, then `per_vector_end`."""
         reads = [f"const {self._buffer_type(k)} l{k} = {self._global_read(k)};"
                  for k in work.reads if k not in self.plan.stored]
+        if self.L > 1:  # each of the thread's rows: its lane of each vector read across them
+            return self._loop(reads + [line for w in range(self.L) for line in self._in_lane(
+                self._lane_values(work.reads, w) + list(work.body) + list(per_element_end), w)])
         elements = self._element_values(work.reads, lambda k: self._buffer(k) if k in self.plan.stored else f"l{k}")
         inner = elements + list(work.body) + list(per_element_end)
         body = (reads + list(before) + ["#pragma unroll", f"for (int v = 0; v < {self.V}; ++v) {{"]
                 + ["  " + line for line in inner] + ["}"] + list(per_vector_end))
         return self._loop(body)
+
+    def _lane_values(self, reads, w: int) -> list[str]:
+        """`a<k>`, access k's value in the thread's row w: lane w of the vector l<k> read across the
+        rows, or l<k> itself where the access is the same for all of them."""
+        lines = []
+        for k in reads:
+            info = dtype_info(self.plan.inputs[self.plan.accesses[k].input].torch_dtype)
+            held = f"l{k}.v[{w}]" if is_vector_access(self.plan, k, self.L) else f"l{k}"
+            lines.append(f"const {info.ctype} a{k} = {info.load.format(held)};")
+        return lines
 
     def _element_values(self, reads, holder) -> list[str]:
         """`a<k>`, access k's value at lane v, for each k of `reads`, from the vector `holder(k)`."""
@@ -303,7 +375,7 @@ extern "C" __global__ void __launch_bounds__({self._bounds()}) {name}({", ".join
                 f"{self._element(k, holder(k))};" for k in reads]
 
     def _pass(self, work: Pass) -> list[str]:
-        lines = [f"{ACCUMULATOR[p.combine]} {p.acc} = {IDENTITY[p.combine]};" for p in work.partials]
+        lines = self._lanes([f"{ACCUMULATOR[p.combine]} {p.acc} = {IDENTITY[p.combine]};" for p in work.partials])
         # Double sums take each vector's elements summed in fp32 (at most 8), one conversion a
         # vector: conversions to double run at 1/8 of the fp32 rate, and a row's exp and
         # conversions per element outlasted its memory time (cross-entropy over 32000 classes).
@@ -313,13 +385,13 @@ extern "C" __global__ void __launch_bounds__({self._bounds()}) {name}({", ".join
         lines += self._sweep(work, per_element, [f"float {p.acc}_v = 0.0f;" for p in staged],
                              [f"{p.acc} += (double){p.acc}_v;" for p in staged])
         lines += self._combine(work)
-        return lines + list(work.after)
+        return lines + self._lanes(work.after)
 
     # -- combining partials across the threads of a row -----------------------------------------
     def _combine(self, work: Pass) -> list[str]:
         partials = work.partials
         if not self.plan.along_rows:
-            return self._combine_across_rows(work)
+            return self._combine_across_rows(work) + (self._through_global(partials) if self.S > 1 else [])
         lines = self._combine_in_block(partials)
         if self.C > 1:  # then the blocks of a cluster, through distributed shared memory
             lines += self._through_shared(partials, lambda i: f"cred{i}", lambda i: f"cred{i}", "t == 0",
@@ -345,24 +417,30 @@ extern "C" __global__ void __launch_bounds__({self._bounds()}) {name}({", ".join
         return lines
 
     def _through_global(self, partials) -> list[str]:
-        """Each block's partials to its slot of the workspace (slot blockIdx.x: row * split +
-        the block's place in the row), grid.sync(), then every block combines its row's slots as
-        it combined its threads' partials: thread t takes slots t, t + threads, ..., then
-        shuffles and shared memory (in a scope of their own). Every block does the same in the
-        same order, so all hold the same value. Loads through L2 (__ldcg): the other blocks'
-        writes never sat in this SM's L1."""
+        """Each block's partials of its rows to their slots of the workspace (slot row * split +
+        the block's place in the row), grid.sync(), then every block combines its rows' slots.
+        Along rows, as it combined its threads' partials: thread t takes slots t, t + threads,
+        ..., then shuffles and shared memory (in a scope of their own); across rows (a row's
+        threads already agree) each thread folds its row's slots in order. Every block does the
+        same in the same order, so all hold the same value. Loads through L2 (__ldcg): the other
+        blocks' writes never sat in this SM's L1."""
         lines, slots = [], self.plan.rows * self.S
+        if self.plan.along_rows:  # one row a block, every block's row in range
+            mine, guard, first, step = "blockIdx.x", "", "t", self.T
+        else:
+            mine, guard, first, step = f"row * {self.S} + blockIdx.x % {self.S}", "row_ok && ", "0", 1
+        folds = []
         for p in partials:
             i = self.partial_index[p.acc]
             kind = ACCUMULATOR[p.combine]
             lines += [f"{kind}* ws{i} = reinterpret_cast<{kind}*>(ws + {WORKSPACE_SLOT_BYTES * i * slots});",
-                      f"if (t == 0) ws{i}[blockIdx.x] = {p.acc};"]
-        lines.append("grid.sync();")
-        for p in partials:
-            i = self.partial_index[p.acc]
+                      f"if ({guard}t == 0) ws{i}[{mine}] = {p.acc};"]
             item = COMBINE[p.combine].format(a=p.acc, b=f"__ldcg(&ws{i}[row * {self.S} + g])")
-            lines += [f"{p.acc} = {IDENTITY[p.combine]};",
-                      f"for (int g = t; g < {self.S}; g += {self.T}) {p.acc} = {item};"]
+            folds += [f"{p.acc} = {IDENTITY[p.combine]};",
+                      f"for (int g = {first}; {guard}g < {self.S}; g += {step}) {p.acc} = {item};"]
+        lines = self._lanes(lines) + ["grid.sync();"] + self._lanes(folds)
+        if not self.plan.along_rows:
+            return lines
         return lines + ["{"] + ["  " + line for line in self._combine_in_block(partials)] + ["}"]
 
     def _through_shared(self, partials, declared, stored, writer: str, sync: str, slot, index: str,
@@ -381,18 +459,16 @@ extern "C" __global__ void __launch_bounds__({self._bounds()}) {name}({", ".join
         return lines
 
     def _combine_across_rows(self, work: Pass) -> list[str]:
+        """Through shared memory, each of the thread's rows in its own array, one barrier for all."""
         if self.T == 1:
             return []
-        lines = []
+        stores, folds = [], []
         for p in work.partials:
             i = self.partial_index[p.acc]
-            lines.append(f"__shared__ {ACCUMULATOR[p.combine]} red{i}[{self.T}][{self.R}];")
-            lines.append(f"red{i}[t][slot] = {p.acc};")
-        lines.append("__syncthreads();")
-        for p in work.partials:
-            i = self.partial_index[p.acc]
-            lines += _fold(p, f"red{i}[0][slot]", "y", self.T, f"red{i}[y][slot]")
-        return lines
+            stores += [f"__shared__ {ACCUMULATOR[p.combine]} red{i}[{self.T}][{self.R}];",
+                       f"red{i}[t][slot] = {p.acc};"]
+            folds += _fold(p, f"red{i}[0][slot]", "y", self.T, f"red{i}[y][slot]")
+        return self._lanes(stores) + ["__syncthreads();"] + self._lanes(folds)
 
     # -- outputs -----------------------------------------------------------------------------
     def _element_outputs(self) -> list[int]:
@@ -511,12 +587,20 @@ extern "C" __global__ void __launch_bounds__({self._bounds()}) {name}({", ".join
         for k, o in enumerate(self.plan.outputs):
             if o.per_row:
                 info = dtype_info(o.spec.torch_dtype)
-                stores.append(f"out{k}[out{k}_base] = {info.store.format(o.value)};")
+                for w in range(self.L):  # lane w's output is w elements on (lanes_fit: its step by rows is 1)
+                    at = f"out{k}_base + {w}" if self.L > 1 else f"out{k}_base"
+                    stores += self._in_lane([f"out{k}[{at}] = {info.store.format(o.value)};"], w)
         if not stores:
             return []
         first = ("t == 0" + (" && cluster.block_rank() == 0" if self.C > 1 else "")
                  + (f" && blockIdx.x % {self.S} == 0" if self.S > 1 else ""))
         return [f"if (row_ok && {first}) {{"] + ["  " + s for s in stores] + ["}"]
+
+
+# A row's values in the kernel (accesses' values, computed values, accumulators, their shared and
+# workspace slots) and its index: what a thread taking several rows keeps once for each.
+_LANE_LOCAL = re.compile(r"\b((?:a|v|acc|red|ws)\d+)\b")
+_ROW = re.compile(r"\brow\b")
 
 
 def _fold(p: Partial, first: str, index: str, count: int, item: str) -> list[str]:
