@@ -84,6 +84,8 @@ LONG = {
     "lanes_split_bf16": (lambda: resized(case_task("sum_columns", bf16), (1000, 64)), Launch(32, 8, 8, split=4)),
     "lanes_f32": (lambda: resized(case_task("sum_columns", f32), (77, 96)), Launch(4, 8, 4)),
     "lanes_mean_dim1": (lambda: case_task("mean_dim1", bf16, (3, 70, 16)), Launch(8, 2, 8, split=2)),
+    # two passes split: every thread folds the mean (the second pass reads it), one the variance
+    "split_var_dim1": (lambda: case_task("var_dim1", f32, (3, 200, 40)), Launch(8, 32, 1, split=4)),
     "var_streaming_rows": (lambda: resized(case_task("var_last", f16), (5, 33)), Launch(8, 4, 1)),
     "sub_warp_rows": (lambda: resized(case_task("amax_last", bf16), (64, 7)), Launch(4, 8, 1)),
     "warps_per_row": (lambda: resized(case_task("rmsnorm", f32), (3, 1000), (1000,)), Launch(128, 2, 4)),

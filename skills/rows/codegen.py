@@ -391,14 +391,14 @@ extern "C" __global__ void __launch_bounds__({self._bounds()}) {name}({", ".join
     def _combine(self, work: Pass) -> list[str]:
         partials = work.partials
         if not self.plan.along_rows:
-            return self._combine_across_rows(work) + (self._through_global(partials) if self.S > 1 else [])
+            return self._combine_across_rows(work) + (self._through_global(partials, work) if self.S > 1 else [])
         lines = self._combine_in_block(partials)
         if self.C > 1:  # then the blocks of a cluster, through distributed shared memory
             lines += self._through_shared(partials, lambda i: f"cred{i}", lambda i: f"cred{i}", "t == 0",
                                           "cluster.sync();", lambda i, at: f"*cluster.map_shared_rank(&cred{i}, {at})",
                                           "c", self.C)
         if self.S > 1:
-            lines += self._through_global(partials)
+            lines += self._through_global(partials, work)
         return lines
 
     def _combine_in_block(self, partials) -> list[str]:
@@ -416,19 +416,23 @@ extern "C" __global__ void __launch_bounds__({self._bounds()}) {name}({", ".join
                                           "__syncthreads();", lambda i, at: f"red{i}[slot][{at}]", "w", warps)
         return lines
 
-    def _through_global(self, partials) -> list[str]:
+    def _through_global(self, partials, work: Pass) -> list[str]:
         """Each block's partials of its rows to their slots of the workspace (slot row * split +
         the block's place in the row), grid.sync(), then every block combines its rows' slots.
         Along rows, as it combined its threads' partials: thread t takes slots t, t + threads,
         ..., then shuffles and shared memory (in a scope of their own); across rows (a row's
         threads already agree) each thread folds its row's slots in order. Every block does the
-        same in the same order, so all hold the same value. Loads through L2 (__ldcg): the other
-        blocks' writes never sat in this SM's L1."""
+        same in the same order, so all hold the same value; across rows, where nothing after the
+        last pass reads it but the row's store, only the storing thread folds (on an H100, splits
+        of 32-64 where every thread folded up to 512 slots ran 2-10x slower than splits of 8-16).
+        Loads through L2 (__ldcg): the other blocks' writes never sat in this SM's L1."""
         lines, slots = [], self.plan.rows * self.S
         if self.plan.along_rows:  # one row a block, every block's row in range
             mine, guard, first, step = "blockIdx.x", "", "t", self.T
         else:
             mine, guard, first, step = f"row * {self.S} + blockIdx.x % {self.S}", "row_ok && ", "0", 1
+        stored_only = not self.plan.along_rows and work is self.plan.passes[-1] and not self._element_outputs()
+        fold_guard = f"{guard}t == 0 && blockIdx.x % {self.S} == 0 && " if stored_only else guard
         folds = []
         for p in partials:
             i = self.partial_index[p.acc]
@@ -437,7 +441,7 @@ extern "C" __global__ void __launch_bounds__({self._bounds()}) {name}({", ".join
                       f"if ({guard}t == 0) ws{i}[{mine}] = {p.acc};"]
             item = COMBINE[p.combine].format(a=p.acc, b=f"__ldcg(&ws{i}[row * {self.S} + g])")
             folds += [f"{p.acc} = {IDENTITY[p.combine]};",
-                      f"for (int g = {first}; {guard}g < {self.S}; g += {step}) {p.acc} = {item};"]
+                      f"for (int g = {first}; {fold_guard}g < {self.S}; g += {step}) {p.acc} = {item};"]
         lines = self._lanes(lines) + ["grid.sync();"] + self._lanes(folds)
         if not self.plan.along_rows:
             return lines
