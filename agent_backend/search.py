@@ -1,5 +1,5 @@
-"""The agent loop for one task: propose, evaluate in the workers, keep the fastest verified
-candidate, within a budget of candidates and seconds. The result is a cache entry either way:
+"""The agent loop for one task: propose, evaluate in the workers, keep the verified candidate
+fastest against Inductor (`rank`), within a budget of candidates and seconds. The result is a cache entry either way:
 a winner, "Inductor wins", or why the search failed. Before it, the gate (`gate_task`): where
 Inductor already runs at the task's floor, the loop is skipped. Each round's candidates and
 verdicts go to `record` (the trajectories), and back to the policy as feedback for its next round."""
@@ -85,6 +85,16 @@ def outcome_of(profile: dict, origin: str) -> tuple[str, str]:
     return "inductor", f"Inductor wins: best candidate {speedup:.2f}x of Inductor's speed"
 
 
+def rank(profile: dict) -> float:
+    """How good a profiled candidate is, to pick a search's best: its counted speedup over the
+    Inductor time interleaved with it in its own profile, else (no Inductor time) the inverse of
+    its counted time. Candidates are profiled one after another, and a GPU's times drift between
+    profiles (an H100 timed the same Inductor kernel at 40-51 us in three profiles of one search),
+    so two candidates' own times compare worse than their ratios."""
+    speedup = profile.get("counted_speedup")
+    return speedup if speedup is not None else 1.0 / max(counted_ms(profile["ours_ms"]), 1e-9)
+
+
 def search_task(task: Task, env, policy, *, budget_s: float, max_candidates: int,
                 record: Callable[[list[Candidate], list[Evaluation]], None] | None = None,
                 progress: Callable[[str, float | None], None] | None = None) -> Entry:
@@ -113,8 +123,7 @@ def search_task(task: Task, env, policy, *, budget_s: float, max_candidates: int
             log.info("  %s: %s%s", cand.origin, ev.status,
                      f" {_median_ms(ev, 'ours'):.4f} ms, {ev.profile['speedup_vs_inductor'] or 0:.2f}x Inductor"
                      if ev.status == "passed" and ev.profile else f" ({ev.reason})")
-            if ev.status == "passed" and ev.profile and (
-                    best is None or counted_ms(ev.profile["ours_ms"]) < counted_ms(best[1].profile["ours_ms"])):
+            if ev.status == "passed" and ev.profile and (best is None or rank(ev.profile) > rank(best[1].profile)):
                 best = (cand, ev)
         feedback.extend(results)
     provenance = make_provenance(policy.name, policy_revision=policy.revision)

@@ -89,3 +89,16 @@ def test_the_outcome_of_a_search_follows_its_best_profile():
     assert outcome_of(_profile(1.5, 103.7, wins=False, gpu_wins=False), "x")[0] == "inductor"
     assert outcome_of(dict(_profile(1.0, 1.0, wins=False), speedup_vs_inductor=None, note="n"), "x") == \
         ("inductor", "not timed against Inductor: n")
+
+
+def test_the_best_candidate_is_the_fastest_against_inductor_timed_beside_it():
+    """Two candidates' profiles, the second taken while the GPU ran slower (Inductor too): the
+    second is slower in its own time but faster against Inductor, and ranks first."""
+    from agent_backend.search import rank
+    first = dict(_profile(1.04, 10.0, wins=False), counted_speedup=1.04)
+    second = dict(_profile(1.11, 10.0, wins=True), counted_speedup=1.11)
+    second["ours_ms"] = dict(second["ours_ms"], median=0.046)
+    assert rank(second) > rank(first)
+    # without Inductor's time, the faster call ranks first (host time counted where longer)
+    untimed = [dict(_profile(1.0, host_us, wins=False), counted_speedup=None) for host_us in (30.0, 60.0)]
+    assert rank(untimed[0]) > rank(untimed[1])
