@@ -20,6 +20,9 @@
 #   benchmarks/gpu_session.sh dispatch       # host cost per call of the launch op and of run_winner, a tiny
 #                                            # graph with our kernel under CUDA graphs against Inductor's,
 #                                            # and one round of the llm policy's transformers engine
+#   benchmarks/gpu_session.sh columns        # column sums (bias gradients, a tall sum(0)): the rows GPU
+#                                            # tests of across-row kernels, then each case searched with
+#                                            # every candidate's time logged (benchmarks/rows.py -v)
 #   benchmarks/gpu_session.sh flush          # what the timing's L2 flush (a write) costs a short kernel,
 #                                            # against a read flush and none (benchmarks/flush_effect.py)
 #
@@ -27,7 +30,7 @@
 # H100 machine, 2026-11-23) costs that file only, and its exit status is recorded.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-phase=${1:?"usage: $0 tests|in-context|transformers|models|level1|gate|dispatch|flush"}
+phase=${1:?"usage: $0 tests|in-context|transformers|models|level1|gate|dispatch|columns|flush"}
 out=${OUT:-benchmarks/results/session-$(date +%F)}
 mkdir -p "$out"
 gpu=$(python3 -c "import torch; print(torch.cuda.get_device_name(0))" 2>/dev/null || echo "no GPU")
@@ -99,11 +102,21 @@ case "$phase" in
     python3 benchmarks/reduce_overhead_tiny.py --out "$out/reduce_overhead_tiny.json"
     python3 benchmarks/llm_round.py >"$out/llm_round.json"
     ;;
+  columns)
+    header "column sums" >"$out/columns.log"
+    timeout "${TEST_FILE_S:-300}" python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_rows_gpu.py \
+      -k "sum_columns or dim1 or var or strided" >>"$out/columns.log" 2>&1
+    echo "## rows GPU tests (across rows): exit $?" >>"$out/columns.log"
+    for only in bias_grad sum_columns; do
+      python3 benchmarks/rows.py --only "$only" -v --out "$out/rows_$only.json" >>"$out/columns.log" 2>&1
+    done
+    grep -E "^## |passed|failed|builtin:rows|^[a-z_0-9]+ +[0-9.]+ " "$out/columns.log" | grep -v DEBUG
+    ;;
   flush)
     python3 benchmarks/flush_effect.py --out "$out/flush_effect.json"
     ;;
   *)
-    echo "unknown phase $phase: tests, in-context, transformers, models, level1, gate, dispatch or flush" >&2
+    echo "unknown phase $phase: tests, in-context, transformers, models, level1, gate, dispatch, columns or flush" >&2
     exit 2
     ;;
 esac

@@ -5,13 +5,14 @@ backend does (same verifier, same profiler: L2 flushed, medians of many trials, 
 in one worker on the same inputs), then achieved bandwidth is shown as a fraction of a measured
 device-to-device copy.
 
-    python benchmarks/pointwise.py [--out benchmarks/results/pointwise-<gpu>-<date>.json]
+    python benchmarks/pointwise.py [--only NAME] [-v] [--out benchmarks/results/pointwise-<gpu>-<date>.json]
 """
 from __future__ import annotations
 
 import argparse
 import datetime
 import json
+import logging
 import math
 import sys
 from pathlib import Path
@@ -120,7 +121,10 @@ def main(make_cases=cases, kind: str = "pointwise") -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", help="also write the results as JSON here")
     parser.add_argument("--only", help="run only cases whose name contains this")
+    parser.add_argument("-v", "--verbose", action="store_true", help="log each candidate's verdict and time")
     args = parser.parse_args()
+    if args.verbose:
+        logging.basicConfig(level=logging.INFO, format="%(message)s")
     if not torch.cuda.is_available():
         print("needs a CUDA GPU")
         return 1

@@ -1,7 +1,7 @@
 """Row-reduction tasks on the GPU (softmax, norms, sums): our best verified kernel vs Inductor vs
 eager, searched and timed as benchmarks/pointwise.py does (same pool, verifier and profiler).
 
-    python benchmarks/rows.py [--only softmax] [--out benchmarks/results/rows-<gpu>-<date>.json]
+    python benchmarks/rows.py [--only softmax] [-v] [--out benchmarks/results/rows-<gpu>-<date>.json]
 """
 from __future__ import annotations
 
