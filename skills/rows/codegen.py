@@ -137,10 +137,12 @@ def lanes_fit(plan: RowPlan, width: int) -> bool:
     coordinate but the last (of which width divides the size), each access and output steps
     by 1 or 0 from row to row and aligns to width elements in every other step, the rows'
     values need no coordinate, and nothing is held on chip or written per element."""
+    if plan.along_rows or not plan.outer:
+        return False
     steps = [(a.outer, a.inner) for a in plan.accesses] + [(o.outer, o.inner) for o in plan.outputs]
     lines = list(plan.prelude) + [line for p in plan.passes for line in p.body + p.after]
     lines += [o.value for o in plan.outputs]
-    return (not plan.along_rows and not plan.stored and not plan.scan and all(o.per_row for o in plan.outputs)
+    return (not plan.stored and not plan.scan and all(o.per_row for o in plan.outputs)
             and plan.outer[-1] % width == 0
             and all(outer[-1] in (0, 1) and all(st % width == 0 for st in outer[:-1] + inner)
                     for outer, inner in steps)
