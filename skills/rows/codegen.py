@@ -267,8 +267,6 @@ extern "C" __global__ void __launch_bounds__({self._bounds()}) {name}({", ".join
 
     def _lanes(self, lines: list[str]) -> list[str]:
         """Per-row `lines` once for each of the thread's rows (across rows, a thread may take several)."""
-        if self.L == 1:
-            return list(lines)
         return [line for w in range(self.L) for line in self._in_lane(lines, w)]
 
     def _in_lane(self, lines: list[str], w: int) -> list[str]:
@@ -354,22 +352,18 @@ extern "C" __global__ void __launch_bounds__({self._bounds()}) {name}({", ".join
                  for k in work.reads if k not in self.plan.stored]
         if self.L > 1:  # each of the thread's rows: its lane of each vector read across them
             return self._loop(reads + [line for w in range(self.L) for line in self._in_lane(
-                self._lane_values(work.reads, w) + list(work.body) + list(per_element_end), w)])
+                self._element_values(work.reads, lambda k: self._lane_of(k, w)) + list(work.body)
+                + list(per_element_end), w)])
         elements = self._element_values(work.reads, lambda k: self._buffer(k) if k in self.plan.stored else f"l{k}")
         inner = elements + list(work.body) + list(per_element_end)
         body = (reads + list(before) + ["#pragma unroll", f"for (int v = 0; v < {self.V}; ++v) {{"]
                 + ["  " + line for line in inner] + ["}"] + list(per_vector_end))
         return self._loop(body)
 
-    def _lane_values(self, reads, w: int) -> list[str]:
-        """`a<k>`, access k's value in the thread's row w: lane w of the vector l<k> read across the
-        rows, or l<k> itself where the access is the same for all of them."""
-        lines = []
-        for k in reads:
-            info = dtype_info(self.plan.inputs[self.plan.accesses[k].input].torch_dtype)
-            held = f"l{k}.v[{w}]" if is_vector_access(self.plan, k, self.L) else f"l{k}"
-            lines.append(f"const {info.ctype} a{k} = {info.load.format(held)};")
-        return lines
+    def _lane_of(self, k: int, w: int) -> str:
+        """Access k's element in the thread's row w: lane w of the vector l<k> read across the rows,
+        or l<k> itself where the access is the same for all of them."""
+        return f"l{k}.v[{w}]" if is_vector_access(self.plan, k, self.L) else f"l{k}"
 
     def _element_values(self, reads, holder) -> list[str]:
         """`a<k>`, access k's value at lane v, for each k of `reads`, from the vector `holder(k)`."""
