@@ -269,14 +269,14 @@ def test_few_long_rows_are_split_over_a_cooperative_grid():
 
 def test_columns_are_read_a_vector_across_them_and_few_are_split():
     """A bias's gradient (a column sum over 4096 x 768): each thread takes 8 consecutive columns
-    (a 16-byte vector across them a step; 4 in fp32), 8 threads across by 32 along a block, and
-    too few columns to fill the GPU are split along their length over a cooperative grid, each
+    (a 16-byte vector across them a step; 4 in fp32), 8 threads across by 32 along a block or 32
+    across by 8 along, and too few columns to fill the GPU are split along their length over a cooperative grid, each
     block's partials through the workspace, folded in order by the thread that stores the sum;
     many columns are not split. Columns
     that cannot be read so (no vector across them) are split a warp of them a block."""
     plan = build_plan(resized(case_task("sum_columns", bf16), (4096, 768)))
     configs = launch_configs(plan)
-    assert [tag(plan, c) for c in configs] == ["y32r8w8g16", "y32r8w8g8", "y32r32"]
+    assert [tag(plan, c) for c in configs] == ["y32r8w8g16", "y32r8w8g8", "y8r32w8g64", "y8r32w8g32", "y32r32"]
     assert grid_blocks(plan, configs[0]) == 768 // 64 * 16 and workspace_bytes(plan, configs[0]) == 8 * 768 * 16
     source = kernel_source(plan, "k", configs[0])
     assert "const idx_t row = ((idx_t)(blockIdx.x / 16) * 8 + slot) * 8;" in source
@@ -291,8 +291,11 @@ def test_columns_are_read_a_vector_across_them_and_few_are_split():
     program = model_source(plan, configs[0])
     assert "MAIN_ALIGNMENT = (16,)" in program and "FALLBACK_LAUNCH = (192, (8, 32), 0, 1, 12288)" in program
     tall = build_plan(resized(case_task("sum_columns", f32), (16384, 4096)))
-    assert [tag(tall, c) for c in launch_configs(tall)] == ["y32r8w4g4", "y32r8w4g2", "y32r32"]
-    assert all(c.split == 1 for c in launch_configs(build_plan(resized(case_task("mean_dim1", f32), (64, 512, 256)))))
+    assert [tag(tall, c) for c in launch_configs(tall)] == ["y32r8w4g4", "y32r8w4g2", "y8r32w4g16", "y8r32w4g8",
+                                                                "y32r32"]
+    many_plan = build_plan(resized(case_task("mean_dim1", f32), (64, 512, 256)))
+    many = launch_configs(many_plan)  # 16384 columns: 32 across fill the GPU unsplit, 8 across take a short split
+    assert [tag(many_plan, c) for c in many] == ["y32r8w4", "y8r32w4g4", "y8r32w4g2", "y16r32", "y32r32"]
     odd = build_plan(resized(case_task("sum_columns", f32), (100003, 37)))
     assert [tag(odd, c) for c in launch_configs(odd)] == ["y32r32", "y8r32g256", "y8r32g128"]
     assert not lanes_fit(odd, 2) and lanes_fit(tall, 4) and not lanes_fit(build_plan(case_task("softmax_dim1")), 2)

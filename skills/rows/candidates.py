@@ -23,10 +23,10 @@ MAX_BLOCK = 1024
 # threads along them (256 threads, four blocks an SM, as a split row's).
 SPLIT_COLUMN_THREADS = 8
 # Where a thread takes several consecutive rows (a 16-byte vector across them): 8 threads across
-# (128 bytes of each row's elements) by 32 along, 256 threads a block. On an H100 (2026-11-25),
-# 32 across by 8 along ran 2-10x slower: every thread of every block folded all of its rows'
-# slots of the workspace (split 32-64) after grid.sync().
-LANE_ROWS, LANE_BLOCK = (8,), 256
+# (128 bytes of each row's elements) by 32 along, and 32 across by 8 along; 256 threads a block.
+# On an H100 (2026-11-25) the second ran 2-10x slower while every thread of every block folded all
+# of its rows' slots of the workspace (split 32-64) after grid.sync(); only the storing thread does now.
+LANE_ROWS, LANE_BLOCK = (8, 32), 256
 # A scan's threads a row: each warp's total is read by every thread of the row once a tile, so
 # more warps cost more (on an H100, cumsum of 8192 x 4096: 128-256 threads 98-100% of the copy
 # rate in bf16 and fp32, 32-64 threads 90-96%, 512 88-95%, 1024 47-76%).
