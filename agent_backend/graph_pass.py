@@ -77,9 +77,13 @@ def rewrite(graph: fx.Graph, group: Group, key: str, task: Task) -> bool:
     members = set(group.nodes)
     inputs, outputs = boundary(group)
     last = group.nodes[-1]
+    op, args = runtime.call_for(key, runtime.program_arg(task.program), inputs)
     with graph.inserting_after(last):
-        call = graph.call_function(*runtime.call_for(key, runtime.program_arg(task.program), inputs))
+        call = graph.call_function(op, args)
     call.meta["val"] = [o.meta["val"] for o in outputs]
+    # Inductor holds an op inserted by a pass to the layouts of its inputs (the op's tag asks for
+    # exact strides: the winner was verified on them) only where it finds them here.
+    call.meta["eager_input_vals"] = (fx.node.map_arg(args, lambda n: n.meta["val"]), {})
     anchor = call
     for i, out in enumerate(outputs):
         with graph.inserting_after(anchor):

@@ -3,7 +3,8 @@
 A winner whose candidate is a launch spec (env/launch_spec.py) is called as
 `torch.ops.cuda_agent.launch.in<N>(key, program, *inputs)` (N inputs one by one; a list past
 eight): the C++ op (env/launch_op.py) checks the
-inputs, allocates the outputs and launches, with no Python in the call. Any other winner is
+inputs, allocates the outputs and launches, with no Python in the call. Inductor's Python
+wrapper calls that C++ kernel directly, past torch.ops (env/launch_lowering.py). Any other winner is
 called as `torch.ops.cuda_agent.run_winner(key, program, inputs)`, an op with a Python kernel
 that runs its ModelNew. Inductor sees an opaque extern kernel whose outputs come from the op's fake (Meta)
 implementation, and compiles everything around it. A winner lives in this process's registry,
@@ -19,6 +20,7 @@ slower, never wrong.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import logging
 import threading
@@ -27,7 +29,7 @@ from typing import Callable
 
 import torch
 
-from .env import launch_op  # defines torch.ops.cuda_agent.launch
+from .env import launch_lowering, launch_op  # launch_op defines torch.ops.cuda_agent.launch
 from .env.compare import share_memory
 from .env.launch_spec import LaunchSpec
 from .specs import TensorSpec
@@ -170,6 +172,10 @@ def as_called_by_a_graph(model: torch.nn.Module, outputs: tuple[TensorSpec, ...]
     spec = launch_op.spec_of(type(model))
     if spec is not None:
         op = launch_op.launch_overload(len(spec.inputs))
+        if launch_lowering.install():  # a graph's wrapper calls the op's C++ kernel directly
+            from .env import graph_launch  # loads the op's extension
+
+            return functools.partial(graph_launch.launch, spec.digest, program_arg(program)), f"{op.name()}, direct"
         return launch_op.launcher(spec.digest, program_arg(program), len(spec.inputs)), str(op.name())
     if device.type == "cuda" and device.index is None:
         device = torch.device("cuda", torch.cuda.current_device())
@@ -185,9 +191,11 @@ def forget(key: str) -> None:
 
 def call_for(key: str, program: str, inputs: list) -> tuple[torch._ops.OpOverload, tuple]:
     """The op a graph calls for the winner registered under `key`, and its arguments: the launch
-    op for a launch spec (launch_op.launch_call), else run_winner(key, program, inputs)."""
+    op for a launch spec (launch_op.launch_call; its lowering installed, so that Inductor's wrapper
+    calls its kernel directly), else run_winner(key, program, inputs)."""
     winner = _registry.get(key)
     if winner is not None and winner.spec is not None:
+        launch_lowering.install()
         return launch_op.launch_call(key, program, inputs)
     return torch.ops.cuda_agent.run_winner.default, (key, program, list(inputs))
 

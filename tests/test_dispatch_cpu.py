@@ -8,6 +8,7 @@ import torch.nn as nn
 from torch._inductor.utils import run_and_get_code
 
 from agent_backend import backend, runtime
+from agent_backend.env import launch_op
 from agent_backend.options import resolve
 from helpers import assert_close_lists, collect_tasks, put_cached_entry, run_fwd_bwd
 
@@ -319,7 +320,9 @@ def test_a_replayed_graph_gets_the_launch_spec_from_the_cache_entry(cache_dir, c
 
 def test_inductor_compiles_a_graph_around_the_launch_op(cache_dir):
     """On the CPU the op's Meta kernel gives Inductor the outputs, and the compiled graph calls
-    the op, which refuses CPU tensors: proof that the call reached it, with the graph's tensors."""
+    the op's C++ kernel (launch_lowering: directly, past torch.ops), which refuses CPU tensors:
+    proof that the call reached it, with the graph's tensors. The op's node carries its inputs'
+    layouts, which Inductor holds an op inserted by a pass to only from there."""
     torch.manual_seed(0)
     model, x = Net(), torch.randn(4, 16)
     task = _swish_task(model, x)
@@ -327,10 +330,17 @@ def test_inductor_compiles_a_graph_around_the_launch_op(cache_dir):
     runtime._registry.pop(key, None)  # the other tests' winner for this task
     torch._dynamo.reset()
     seen = len(backend.reports)
+    traced = []  # the launch op's nodes after our pass (a post pass runs after it)
+    record = lambda graph: traced.extend(n for n in graph.nodes if n.target in launch_op.overloads())  # noqa: E731
     try:
-        with torch.no_grad(), pytest.raises(ValueError, match=r"specialised to CUDA tensors; got \['cpu'\]"):
+        with torch.no_grad(), torch._inductor.config.patch(post_grad_custom_post_pass=record), \
+                pytest.raises(ValueError, match=r"input 0: this kernel is specialised to CUDA tensors .* got cpu"):
             torch.compile(model, backend="cuda_agent", options={"mode": "cached"})(x)
         assert any(d.winner_key == key for r in backend.reports[seen:] for d in r.decisions)
+        (node,) = traced
+        args, kwargs = node.meta["eager_input_vals"]
+        assert args[:2] == node.args[:2] and kwargs == {}
+        assert [(tuple(a.shape), a.stride()) for a in args[2:]] == [(tuple(t.shape), t.stride) for t in task.inputs]
         assert runtime.registered(key).spec is not None
     finally:
         runtime._registry.pop(key, None)  # a CPU winner that cannot run must not stay for the next tests

@@ -6,9 +6,10 @@ import sys
 
 import pytest
 import torch
+from torch._inductor.utils import run_and_get_code
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-from agent_backend.env import launch_op
+from agent_backend.env import launch_lowering, launch_op
 from agent_backend.env.launch_spec import Arg, KernelLaunch, LaunchSpec
 from agent_backend.specs import TensorSpec
 
@@ -175,3 +176,28 @@ def test_a_candidates_forward_refuses_inputs_outside_its_signature_before_the_op
         _check_inputs(spec, [torch.empty(8, 4, device="meta").t()])  # transposed strides
     with pytest.raises(ValueError, match="specialised"):
         _check_inputs(spec, [])
+
+
+def test_inductors_wrapper_calls_the_ops_kernel_past_torch_ops(native):
+    """With launch_lowering installed, Inductor's Python wrapper calls graph_launch.launch (the op's
+    C++ kernel, no dispatcher in between) where a graph holds the op: the kernel's own refusal of a
+    CPU input comes back, not the op's default kernel's, and torch.ops is not in the code."""
+    one = TensorSpec((8,), (1,), "float32", "cuda")
+    launch_op.register("lowered", LaunchSpec((one,), (one,), (
+        KernelLaunch(b"\x7fELF", "sm_90", "k", 1, 32, (Arg.input(0), Arg.output(0))),)), None)
+    assert launch_lowering.install()
+
+    def f(x):
+        return torch.ops.cuda_agent.launch.in1("lowered", "", x * 2)[0] + 1
+
+    def run():
+        with pytest.raises(ValueError, match="input 0: this kernel is specialised to CUDA tensors .* got cpu"):
+            torch.compile(f, backend="inductor")(torch.randn(8))
+
+    torch._dynamo.reset()
+    try:
+        _, (code, *_) = run_and_get_code(run)
+    finally:
+        torch._dynamo.reset()
+    assert launch_lowering.IMPORT in code and "cuda_agent_launch('lowered', '', " in code
+    assert "torch.ops.cuda_agent.launch.in1(" not in code  # its name stays in the wrapper's size asserts

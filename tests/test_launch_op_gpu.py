@@ -1,5 +1,6 @@
-"""The launch op on a GPU: it computes what the Python launcher computes with the same kernel,
-passes every argument kind intact, launches on the current stream, takes the kernel the inputs'
+"""The launch op on a GPU: it computes what the Python launcher computes with the same kernel
+(called through torch.ops, or directly as compiled graphs and profiles call it), passes every
+argument kind intact, launches on the current stream, takes the kernel the inputs'
 alignment allows, raises the shared memory limit, launches a cooperative grid with scratch
 memory (eagerly and in a CUDA graph), is captured in a CUDA graph and replayed,
 finds a key it does not know through the kernel cache, and runs a pointwise winner in a
@@ -73,6 +74,42 @@ def test_same_result_as_the_python_launcher_and_counted():
     (positional,) = torch.ops.cuda_agent.launch.in2(key, "", x, y)  # what a compiled graph calls
     assert torch.equal(positional, ours)
     assert launch_op.launch_count(key) == before + 2
+
+
+REFUSE = textwrap.dedent('''
+    import torch
+    from agent_backend.env import graph_launch
+    from test_launch_op_gpu import _registered, _scale_add_spec
+    key = _registered("gpu scale_add", _scale_add_spec())
+    x = torch.randn(10_000, device="cuda")
+    try:
+        graph_launch.launch(key, "", x, x[:-1])
+    except ValueError as e:
+        print("refused:", e)
+''')
+
+
+def test_the_kernel_called_directly_as_graphs_and_profiles_call_it():
+    """graph_launch.launch (what Inductor's wrapper and a candidate's profile call, past torch.ops)
+    runs the same kernel as the op and counts; a wrong input is a ValueError, not a crash (any C++
+    exception out of the op once crashed this machine's processes: checked in one of its own)."""
+    key = _registered("gpu scale_add", _scale_add_spec())
+    x, y = torch.randn(N, device="cuda"), torch.randn(N, device="cuda")
+    before = launch_op.launch_count(key)
+    from agent_backend.env import graph_launch
+
+    (direct,) = graph_launch.launch(key, "", x, y)
+    (listed,) = graph_launch.launch(key, "", [x, y])
+    assert torch.equal(direct, _launcher_result(x, y)) and torch.equal(listed, direct)
+    model = launch_op.launch_spec_model(_scale_add_spec())()
+    profiled, name = runtime.as_called_by_a_graph(model, (_vector(N),), "", torch.device("cuda"))
+    assert name == "cuda_agent::launch.in2, direct" and torch.equal(profiled(x, y)[0], direct)
+    assert launch_op.launch_count(key) == before + 2
+    here = Path(__file__).parent
+    path = os.pathsep.join([str(here), os.environ.get("PYTHONPATH", "")])
+    done = subprocess.run([sys.executable, "-c", REFUSE], capture_output=True, text=True, timeout=300, cwd=here,
+                          env={**os.environ, "PYTHONPATH": path})
+    assert done.returncode == 0 and "refused: input 1: this kernel is specialised" in done.stdout, done.stderr[-2000:]
 
 
 def test_every_argument_kind_arrives_intact():
@@ -249,7 +286,7 @@ def test_compiled_model_runs_the_winner_through_the_launch_op(cache_dir):
     with torch.no_grad():
         out, code = run_and_get_code(torch.compile(Gate(), backend="cuda_agent", options={"mode": "cached"}), x, y)
     text = "\n".join(code)
-    assert "cuda_agent.launch" in text and "run_winner" not in text
+    assert "cuda_agent_launch(" in text and "run_winner" not in text  # the op's kernel, past torch.ops
     torch.testing.assert_close(out, Gate()(x, y), atol=1e-5, rtol=1e-5)
     winner = runtime.registered(key)
     assert winner.spec is not None and winner.calls == 1

@@ -237,9 +237,11 @@ def _watched_modules() -> list[types.ModuleType]:
     from agent_backend import runtime, specs
     from agent_backend.env import candidate_loader, compare, launch_op, profile, verify, worker
 
+    # graph_launch (what a profile calls) where loaded: importing it builds the launch op
+    loaded = [m for m in (sys.modules.get("agent_backend.env.graph_launch"),) if m is not None]
     return [time, sys, threading, torch, torch._C, torch.cuda, torch.nn.functional, torch.backends.cuda,
             torch.backends.cudnn, specs, sys.modules[__name__], candidate_loader, compare, profile, verify,
-            worker, runtime, launch_op]
+            worker, runtime, launch_op, *loaded]
 
 
 def _op_registrations() -> dict[str, str]:

@@ -61,6 +61,11 @@ def launch_overload(count: int) -> torch._ops.OpOverload:
     return torch.ops.cuda_agent.launch.default
 
 
+def overloads() -> list[torch._ops.OpOverload]:
+    """Every overload of the launch op: the list form, then launch.in1 .. launch.in8."""
+    return [launch_overload(count) for count in range(MOST_POSITIONAL_INPUTS + 1)]
+
+
 def launch_call(key: str, program: str, inputs) -> tuple[torch._ops.OpOverload, tuple]:
     """The overload for these inputs and its arguments, as a graph calls it."""
     op = launch_overload(len(inputs))
