@@ -201,3 +201,26 @@ def test_inductors_wrapper_calls_the_ops_kernel_past_torch_ops(native):
         torch._dynamo.reset()
     assert launch_lowering.IMPORT in code and "cuda_agent_launch('lowered', '', " in code
     assert "torch.ops.cuda_agent.launch.in1(" not in code  # its name stays in the wrapper's size asserts
+
+
+def test_the_direct_call_refuses_what_the_op_refuses_as_python_errors(native):
+    """graph_launch.launch parses its arguments itself and raises its refusals as Python errors
+    with no C++ exception (which crashed the GPU machine's processes)."""
+    from agent_backend.env import graph_launch
+
+    one = TensorSpec((8,), (1,), "float32", "cuda")
+    launch_op.register("direct", LaunchSpec((one,), (one,), (
+        KernelLaunch(b"\x7fELF", "sm_90", "k", 1, 32, (Arg.input(0), Arg.output(0))),)), None)
+    x = torch.randn(8)
+    for args, error, match in [
+        (("direct", "", x), ValueError, r"input 0: this kernel is specialised to CUDA tensors .* got cpu \[8\]"),
+        (("direct", "", [x]), ValueError, "input 0: this kernel is specialised"),
+        (("direct", "", x, x), ValueError, "takes 1 inputs, got 2"),
+        (("direct", "", [x, 3]), TypeError, "input 1 is not a tensor"),
+        (("direct", ""), TypeError, r"takes \(key, program, \*inputs\)"),
+        ((b"direct", "", x), TypeError, "the key and the program are strings"),
+        (("direct", "", []), ValueError, "no inputs"),
+        (("nothing registered", "", x), RuntimeError, "no launch spec is registered under 'nothing registered'"),
+    ]:
+        with pytest.raises(error, match=match):
+            graph_launch.launch(*args)

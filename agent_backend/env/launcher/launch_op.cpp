@@ -30,7 +30,6 @@
 #include <pybind11/stl.h>
 #include <torch/csrc/Exceptions.h>
 #include <torch/csrc/autograd/python_variable.h>
-#include <torch/csrc/utils/pybind.h>
 #include <torch/library.h>
 
 #include <array>
@@ -155,19 +154,30 @@ bool same_strides(const at::Tensor& t, const Layout& layout) {
   return true;
 }
 
-void check_inputs(const Spec& spec, at::TensorList inputs, c10::DeviceType device_type) {
-  TORCH_CHECK_VALUE(inputs.size() == spec.inputs.size(), "cuda_agent::launch: the kernel takes ", spec.inputs.size(),
-                    " inputs, got ", inputs.size());
+// Why the inputs fall outside the spec ("" where they do not), without throwing: the direct call
+// from Python raises it as a Python error (launch_direct), the op as a C++ one.
+std::string input_problem(const Spec& spec, at::TensorList inputs, c10::DeviceType device_type) {
+  if (inputs.size() != spec.inputs.size()) {
+    return c10::str("cuda_agent::launch: the kernel takes ", spec.inputs.size(), " inputs, got ", inputs.size());
+  }
   const c10::Device device = inputs[0].device();
   for (size_t i = 0; i < inputs.size(); ++i) {
     const at::Tensor& t = inputs[i];
     const Layout& want = spec.inputs[i];
     const bool ok = t.device().type() == device_type && t.device() == device && t.scalar_type() == want.dtype &&
                     t.sizes() == c10::IntArrayRef(want.sizes) && same_strides(t, want);
-    TORCH_CHECK_VALUE(ok, "input ", i, ": this kernel is specialised to CUDA tensors (all on one device) of shape ",
-                      c10::IntArrayRef(want.sizes), ", stride ", c10::IntArrayRef(want.strides), ", dtype ", want.dtype,
-                      "; got ", t.device(), " ", t.sizes(), " ", t.strides(), " ", t.scalar_type());
+    if (!ok) {
+      return c10::str("input ", i, ": this kernel is specialised to CUDA tensors (all on one device) of shape ",
+                      c10::IntArrayRef(want.sizes), ", stride ", c10::IntArrayRef(want.strides), ", dtype ",
+                      want.dtype, "; got ", t.device(), " ", t.sizes(), " ", t.strides(), " ", t.scalar_type());
+    }
   }
+  return "";
+}
+
+void check_inputs(const Spec& spec, at::TensorList inputs, c10::DeviceType device_type) {
+  const std::string problem = input_problem(spec, inputs, device_type);
+  TORCH_CHECK_VALUE(problem.empty(), problem);
 }
 
 template <class Empty>
@@ -213,15 +223,16 @@ class CurrentDevice {
   std::optional<c10::DeviceGuard> guard_;
 };
 
-Kernel& choose_kernel(const Spec& spec, at::TensorList inputs) {
+// The first kernel of the spec whose alignment the inputs meet, or null.
+Kernel* choose_kernel(const Spec& spec, at::TensorList inputs) {
   for (const auto& kernel : spec.kernels) {
     bool aligned = true;
     for (size_t i = 0; aligned && i < kernel->alignment.size(); ++i) {
       aligned = reinterpret_cast<uintptr_t>(inputs[i].const_data_ptr()) % kernel->alignment[i] == 0;
     }
-    if (aligned) return *kernel;
+    if (aligned) return kernel.get();
   }
-  C10_THROW_ERROR(ValueError, "cuda_agent::launch: no kernel of the spec accepts the inputs' alignment");
+  return nullptr;
 }
 
 bool clustered(const Kernel& kernel) { return kernel.cluster != std::array<unsigned, 3>{1, 1, 1}; }
@@ -265,19 +276,21 @@ std::vector<at::Tensor> run_winner(c10::string_view key, c10::string_view progra
   return stack.back().toTensorVector();
 }
 
-std::vector<at::Tensor> launch_cuda(c10::string_view key, c10::string_view program, at::TensorList inputs) {
-  const std::shared_ptr<Spec> spec = find(key);
-  if (spec == nullptr) return run_winner(key, program, inputs);
-  check_inputs(*spec, inputs, c10::DeviceType::CUDA);
+// Launches the spec's kernel on `inputs` into new `outputs`, or says why not (the inputs outside
+// the spec, no kernel for their alignment) without throwing.
+std::string launch_spec(Spec& spec, at::TensorList inputs, std::vector<at::Tensor>& outputs) {
+  std::string problem = input_problem(spec, inputs, c10::DeviceType::CUDA);
+  if (!problem.empty()) return problem;
+  Kernel* const chosen = choose_kernel(spec, inputs);
+  if (chosen == nullptr) return "cuda_agent::launch: no kernel of the spec accepts the inputs' alignment";
+  const Kernel& kernel = *chosen;
   const c10::Device device = inputs[0].device();
   const CurrentDevice current(device);
   c10::Allocator* allocator = cuda_allocator(device);
-  std::vector<at::Tensor> outputs =
-      allocate_outputs(*spec, [allocator](const Layout& layout) {
-        return empty_cuda(layout.sizes, layout.strides, layout.dtype, allocator);
-      });
-  Kernel& kernel = choose_kernel(*spec, inputs);
-  const CUfunction function = function_on(kernel, device.index());
+  outputs = allocate_outputs(spec, [allocator](const Layout& layout) {
+    return empty_cuda(layout.sizes, layout.strides, layout.dtype, allocator);
+  });
+  const CUfunction function = function_on(*chosen, device.index());
   const size_t count = kernel.kinds.size();
   ArgValue values[kMaxArgs];
   void* params[kMaxArgs];
@@ -298,7 +311,16 @@ std::vector<at::Tensor> launch_cuda(c10::string_view key, c10::string_view progr
     params[a] = &values[a];
   }
   launch(kernel, function, static_cast<CUstream>(current_stream(device.index())), params);
-  spec->launches.fetch_add(1, std::memory_order_relaxed);
+  spec.launches.fetch_add(1, std::memory_order_relaxed);
+  return "";
+}
+
+std::vector<at::Tensor> launch_cuda(c10::string_view key, c10::string_view program, at::TensorList inputs) {
+  const std::shared_ptr<Spec> spec = find(key);
+  if (spec == nullptr) return run_winner(key, program, inputs);
+  std::vector<at::Tensor> outputs;
+  const std::string problem = launch_spec(*spec, inputs, outputs);
+  TORCH_CHECK_VALUE(problem.empty(), problem);
   return outputs;
 }
 
@@ -342,30 +364,57 @@ void impl_all(torch::Library& m, std::index_sequence<N...>) {
 
 // launch_cuda called from Python with no dispatcher in between: what a compiled graph's wrapper
 // calls (launch_lowering.py). torch.ops' path from Python (argument parsing against the schema,
-// the boxed call, the autograd fallback) cost about 3 us of the op's 11 us a call on an H100's
-// host. args: key, program, then the inputs one by one or as one list.
-py::object launch_from_python(const py::args& args) {
-  HANDLE_TH_ERRORS
-  TORCH_CHECK_TYPE(args.size() >= 3, "cuda_agent launch: takes (key, program, *inputs)");
-  const auto text = [&args](size_t i) {
-    Py_ssize_t size = 0;
-    const char* data = PyUnicode_Check(args[i].ptr()) ? PyUnicode_AsUTF8AndSize(args[i].ptr(), &size) : nullptr;
-    TORCH_CHECK_TYPE(data != nullptr, "cuda_agent launch: the key and the program are strings");
-    return c10::string_view(data, static_cast<size_t>(size));
+// the boxed call, the autograd fallback) cost about 3 us of the op's 12 us a call on an H100's
+// host. Written against Python's C API (a fast call), so that a refused input is a Python error
+// with no C++ exception thrown: on the H100 machine (torch 2.11's wheel, this built with its
+// g++ 13) a C++ exception thrown in this library ended the process (SIGSEGV), caught or not.
+// args: key, program, then the inputs one by one or as one list.
+PyObject* launch_direct(PyObject* /*module*/, PyObject* const* args, Py_ssize_t nargs) {
+  const auto fail = [](PyObject* type, const std::string& why) -> PyObject* {
+    PyErr_SetString(type, why.c_str());
+    return nullptr;
   };
-  PyObject* const list = args.size() == 3 && PyList_Check(args[2].ptr()) ? args[2].ptr() : nullptr;
-  const Py_ssize_t end = list != nullptr ? PyList_GET_SIZE(list) : PyTuple_GET_SIZE(args.ptr());
-  std::vector<at::Tensor> inputs;
-  inputs.reserve(static_cast<size_t>(end));
-  for (Py_ssize_t i = list != nullptr ? 0 : 2; i < end; ++i) {
-    PyObject* item = list != nullptr ? PyList_GET_ITEM(list, i) : PyTuple_GET_ITEM(args.ptr(), i);
-    TORCH_CHECK_TYPE(THPVariable_Check(item), "cuda_agent launch: input ", inputs.size(), " is not a tensor");
-    inputs.push_back(THPVariable_Unpack(item));
+  if (nargs < 3) return fail(PyExc_TypeError, "cuda_agent launch: takes (key, program, *inputs)");
+  Py_ssize_t key_size = 0, program_size = 0;
+  const char* key = PyUnicode_Check(args[0]) ? PyUnicode_AsUTF8AndSize(args[0], &key_size) : nullptr;
+  const char* program = PyUnicode_Check(args[1]) ? PyUnicode_AsUTF8AndSize(args[1], &program_size) : nullptr;
+  if (key == nullptr || program == nullptr) {
+    return fail(PyExc_TypeError, "cuda_agent launch: the key and the program are strings");
   }
-  TORCH_CHECK_VALUE(!inputs.empty(), "cuda_agent launch: no inputs");
-  return py::cast(launch_cuda(text(0), text(1), inputs));
-  END_HANDLE_TH_ERRORS_PYBIND
+  const bool listed = nargs == 3 && PyList_Check(args[2]);
+  PyObject* const* items = listed ? PySequence_Fast_ITEMS(args[2]) : args + 2;
+  const Py_ssize_t count = listed ? PyList_GET_SIZE(args[2]) : nargs - 2;
+  if (count == 0) return fail(PyExc_ValueError, "cuda_agent launch: no inputs");
+  std::vector<at::Tensor> inputs;
+  inputs.reserve(static_cast<size_t>(count));
+  for (Py_ssize_t i = 0; i < count; ++i) {
+    if (!THPVariable_Check(items[i])) {
+      return fail(PyExc_TypeError, "cuda_agent launch: input " + std::to_string(i) + " is not a tensor");
+    }
+    inputs.push_back(THPVariable_Unpack(items[i]));
+  }
+  HANDLE_TH_ERRORS
+  const c10::string_view name(key, static_cast<size_t>(key_size));
+  const std::shared_ptr<Spec> spec = find(name);
+  std::vector<at::Tensor> outputs;
+  if (spec == nullptr) {
+    outputs = run_winner(name, c10::string_view(program, static_cast<size_t>(program_size)), inputs);
+  } else {
+    const std::string problem = launch_spec(*spec, inputs, outputs);
+    if (!problem.empty()) return fail(PyExc_ValueError, problem);
+  }
+  PyObject* list = PyList_New(static_cast<Py_ssize_t>(outputs.size()));
+  for (size_t i = 0; list != nullptr && i < outputs.size(); ++i) {
+    PyList_SET_ITEM(list, static_cast<Py_ssize_t>(i), THPVariable_Wrap(outputs[i]));
+  }
+  return list;
+  END_HANDLE_TH_ERRORS
 }
+
+PyMethodDef launch_direct_def = {
+    "launch", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&launch_direct)), METH_FASTCALL,
+    "launch(key, program, *inputs) -> outputs: the op's CUDA kernel with no dispatcher in between (the inputs "
+    "one by one, or as one list)."};
 
 // ----------------------------------------------------------------------------- registration
 
@@ -504,8 +553,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "Register a spec under `key` and load its kernels on CUDA device `device`. inputs/outputs: "
         "(sizes, strides, dtype name); kernels: (cubin, name, grid, block, shared_mem, [(kind, value)], alignment, "
         "cluster, cooperative).");
-  m.def("launch", &launch_from_python,
-        "launch(key, program, *inputs) -> outputs: the op's CUDA kernel with no dispatcher in between "
-        "(the inputs one by one, or as one list).");
+  m.add_object("launch", py::reinterpret_steal<py::object>(PyCFunction_New(&launch_direct_def, nullptr)));
   m.def("launch_count", &launch_count, py::arg("key"), "Launches made under `key` (-1: not registered).");
 }
