@@ -161,21 +161,20 @@ def test_a_process_that_has_not_loaded_the_op_loads_it_on_first_call(native, cal
     assert done.stdout.startswith("1 ") and "no launch spec is registered under 'unknown'" in done.stdout
 
 
-def test_a_candidates_forward_refuses_inputs_outside_its_signature_before_the_op():
-    """On the GPU machine any C++ exception leaving the op crashed the process (see
-    launch_op._check_inputs), so the candidate's forward checks first, in Python."""
-    from agent_backend.env.launch_op import _check_inputs
-    from agent_backend.env.launch_spec import Arg, KernelLaunch, LaunchSpec
-    from agent_backend.specs import TensorSpec
+def test_a_candidates_forward_refuses_inputs_outside_its_signature(native):
+    """A launch-spec ModelNew is the op and nothing else: the op's checks refuse what the verifier
+    may try, a CPU tensor (the op's default kernel) or another layout (its C++ kernels)."""
     spec_in = TensorSpec((4, 8), (8, 1), "float32", "cuda")
     spec = LaunchSpec((spec_in,), (spec_in,), (KernelLaunch(b"\x7fELF k", "sm_90", "k", 1, 32,
                                                             (Arg.input(0), Arg.output(0))),))
-    with pytest.raises(ValueError, match="specialised"):
-        _check_inputs(spec, [torch.empty(4, 8)])  # a CPU tensor
-    with pytest.raises(ValueError, match="specialised"):
-        _check_inputs(spec, [torch.empty(8, 4, device="meta").t()])  # transposed strides
-    with pytest.raises(ValueError, match="specialised"):
-        _check_inputs(spec, [])
+    launch_op.register(spec.digest, spec, None)  # launch_spec_model would load it on a GPU
+    model = type("ModelNew", (launch_op.LaunchSpecModel,), {"spec": spec, "key": spec.digest})()
+    with pytest.raises(ValueError, match=r"specialised to CUDA tensors; got \['cpu'\]"):
+        model(torch.empty(4, 8))
+    with pytest.raises(ValueError, match=r"input 0: .* stride \[8, 1\], dtype Float; got non-CUDA \[4, 8\] \[1, 4\]"):
+        model(torch.empty(8, 4, device="meta").t())
+    with pytest.raises(ValueError, match=r"specialised to CUDA tensors; got \[\]"):
+        model()
 
 
 def test_inductors_wrapper_calls_the_ops_kernel_past_torch_ops(native):
@@ -204,8 +203,7 @@ def test_inductors_wrapper_calls_the_ops_kernel_past_torch_ops(native):
 
 
 def test_the_direct_call_refuses_what_the_op_refuses_as_python_errors(native):
-    """graph_launch.launch parses its arguments itself and raises its refusals as Python errors
-    with no C++ exception (which crashed the GPU machine's processes)."""
+    """graph_launch.launch parses its arguments itself and raises its refusals as Python errors."""
     from agent_backend.env import graph_launch
 
     one = TensorSpec((8,), (1,), "float32", "cuda")

@@ -91,8 +91,9 @@ REFUSE = textwrap.dedent('''
 
 def test_the_kernel_called_directly_as_graphs_and_profiles_call_it():
     """graph_launch.launch (what Inductor's wrapper and a candidate's profile call, past torch.ops)
-    runs the same kernel as the op and counts; a wrong input is a ValueError, not a crash (any C++
-    exception out of the op once crashed this machine's processes: checked in one of its own)."""
+    runs the same kernel as the op and counts; a wrong input is a ValueError, not a crash (on an
+    H100 machine, 2026-11-25, formatting the refusal with c10::str ended the process: checked in
+    one of its own)."""
     key = _registered("gpu scale_add", _scale_add_spec())
     x, y = torch.randn(N, device="cuda"), torch.randn(N, device="cuda")
     before = launch_op.launch_count(key)

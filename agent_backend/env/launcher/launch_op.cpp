@@ -154,11 +154,25 @@ bool same_strides(const at::Tensor& t, const Layout& layout) {
   return true;
 }
 
+// "[2, 3]", with no stream: on the H100 machine (torch 2.11's wheel, this built with its g++ 13)
+// formatting a refusal with c10::str (an ostream, torch's printers) ended the process (SIGSEGV).
+std::string text_of(c10::IntArrayRef values) {
+  std::string text = "[";
+  for (size_t i = 0; i < values.size(); ++i) text += (i ? ", " : "") + std::to_string(values[i]);
+  return text + "]";
+}
+
+std::string text_of(const at::Tensor& t) {
+  const std::string device = t.is_cuda() ? "cuda:" + std::to_string(t.get_device()) : t.is_cpu() ? "cpu" : "non-CUDA";
+  return device + " " + text_of(t.sizes()) + " " + text_of(t.strides()) + " " + c10::toString(t.scalar_type());
+}
+
 // Why the inputs fall outside the spec ("" where they do not), without throwing: the direct call
 // from Python raises it as a Python error (launch_direct), the op as a C++ one.
 std::string input_problem(const Spec& spec, at::TensorList inputs, c10::DeviceType device_type) {
   if (inputs.size() != spec.inputs.size()) {
-    return c10::str("cuda_agent::launch: the kernel takes ", spec.inputs.size(), " inputs, got ", inputs.size());
+    return "cuda_agent::launch: the kernel takes " + std::to_string(spec.inputs.size()) + " inputs, got " +
+           std::to_string(inputs.size());
   }
   const c10::Device device = inputs[0].device();
   for (size_t i = 0; i < inputs.size(); ++i) {
@@ -167,9 +181,9 @@ std::string input_problem(const Spec& spec, at::TensorList inputs, c10::DeviceTy
     const bool ok = t.device().type() == device_type && t.device() == device && t.scalar_type() == want.dtype &&
                     t.sizes() == c10::IntArrayRef(want.sizes) && same_strides(t, want);
     if (!ok) {
-      return c10::str("input ", i, ": this kernel is specialised to CUDA tensors (all on one device) of shape ",
-                      c10::IntArrayRef(want.sizes), ", stride ", c10::IntArrayRef(want.strides), ", dtype ",
-                      want.dtype, "; got ", t.device(), " ", t.sizes(), " ", t.strides(), " ", t.scalar_type());
+      return "input " + std::to_string(i) + ": this kernel is specialised to CUDA tensors (all on one device) of " +
+             "shape " + text_of(want.sizes) + ", stride " + text_of(want.strides) + ", dtype " +
+             c10::toString(want.dtype) + "; got " + text_of(t);
     }
   }
   return "";
@@ -365,9 +379,8 @@ void impl_all(torch::Library& m, std::index_sequence<N...>) {
 // launch_cuda called from Python with no dispatcher in between: what a compiled graph's wrapper
 // calls (launch_lowering.py). torch.ops' path from Python (argument parsing against the schema,
 // the boxed call, the autograd fallback) cost about 3 us of the op's 12 us a call on an H100's
-// host. Written against Python's C API (a fast call), so that a refused input is a Python error
-// with no C++ exception thrown: on the H100 machine (torch 2.11's wheel, this built with its
-// g++ 13) a C++ exception thrown in this library ended the process (SIGSEGV), caught or not.
+// host. Written against Python's C API (a fast call: no argument tuple, no casters); a refused
+// input is raised as a Python error with no C++ exception in between.
 // args: key, program, then the inputs one by one or as one list.
 PyObject* launch_direct(PyObject* /*module*/, PyObject* const* args, Py_ssize_t nargs) {
   const auto fail = [](PyObject* type, const std::string& why) -> PyObject* {
