@@ -9,10 +9,13 @@ import pytest
 import torch
 import torch.nn as nn
 
+from agent_backend import gate
+from agent_backend.graph_pass import Decision
 from benchmarks.suite import cli, correctness, kernels, report
 from benchmarks.suite.problem import DTYPES, Problem, build
 from benchmarks.suite.registry import PROBLEMS, select
 from benchmarks.suite.runner import RunConfig, make_call, run_problem
+from helpers import collect_tasks
 
 CASES = [(p, dtype) for p in PROBLEMS for dtype in p.dtypes]
 
@@ -111,6 +114,20 @@ def test_kernel_family_from_origin():
     assert kernels.family("builtin:rewrite:attention+gemm_reduce") == "rewrite"
     assert kernels.family("builtin:pointwise:b256u4v8") == "pointwise"
     assert kernels.family("llm") == "llm"
+
+
+def test_each_subgraph_says_whether_the_gate_skipped_it_and_by_what_ratio():
+    """gate_compare counts the skipped tasks; the ratio says why a searched one was not skipped."""
+    tasks = collect_tasks(nn.Sequential(nn.ReLU(), nn.Tanh()), [torch.randn(4, 8)], backward=False)
+    floor = gate.Floor(memory_ms=0.010, compute_ms=0.0, launch_ms=0.002, host_ms=0.004)
+    at_floor, room = (gate.judge(ms, floor, 1.05, 0.05).to_json() for ms in (0.0105, 0.020))
+    decisions = [Decision(tasks[0], None, "Inductor at floor", at_floor), Decision(tasks[0], None, "lost", room),
+                 Decision(tasks[0], "key", "kernel", room), Decision(tasks[0], None, "gate off"), Decision(None, None, "")]
+    summary = kernels.subgraph_summary(decisions)
+    assert summary["tasks"] == 4 and summary["ours"] == 1
+    assert [(t["gated"], t["ours"], t["gate_ratio"]) for t in summary["each"]] == [
+        (True, False, pytest.approx(1.05)), (False, False, pytest.approx(2.0)), (False, True, pytest.approx(2.0)),
+        (False, False, None)]
 
 
 def test_output_names_and_gpu_short_names(tmp_path):

@@ -41,7 +41,8 @@ def _kernel(key: str, calls, decision: Decision | None) -> dict:
 def subgraph_summary(decisions: list[Decision]) -> dict:
     """How many subgraphs the backend made tasks of, how many it gave our kernels, why the rest
     stayed with Inductor (commonest reason first), and for each task whether our kernel runs it
-    and whether the gate skipped its search (for gate_compare)."""
+    and whether the gate skipped its search (for gate_compare), with the gate's ratio where it
+    timed the task (Inductor's time over the floor: what a kernel at the floor would have been)."""
     tasks = [d for d in decisions if d.task is not None]
     reasons: dict[str, int] = {}
     for d in tasks:
@@ -51,4 +52,5 @@ def subgraph_summary(decisions: list[Decision]) -> dict:
     return {"tasks": len(tasks), "ours": sum(1 for d in tasks if d.winner_key),
             "left_to_inductor": [{"reason": r, "count": n} for r, n in ordered],
             "each": [{"hash": d.task.hash[:16], "kind": d.task.kind, "ours": bool(d.winner_key),
-                      "gated": bool(d.gate and d.gate.get("skipped"))} for d in tasks]}
+                      "gated": bool(d.gate and d.gate.get("skipped")),
+                      "gate_ratio": d.gate.get("ratio") if d.gate else None} for d in tasks]}
