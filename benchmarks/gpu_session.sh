@@ -13,8 +13,9 @@
 #   benchmarks/gpu_session.sh models [NAME..]  # GPT-2 / Llama / BERT (default: the inference problems), bf16,
 #                                            # searched first (mode=search), then timed 10 x 5 calls
 #                                            # interleaved: whether our kernels win the whole model
-#   benchmarks/gpu_session.sh level1 [NAME..]  # the level-1 problems (all, or those named), fp32 and bf16,
-#                                            # searched (mode=search), then timed interleaved: issue 8's geomean
+#   benchmarks/gpu_session.sh level1 [NAME..]  # the level-1 problems (all, or those named), in $DTYPES (fp32
+#                                            # bf16; all 20 take about 330 s a dtype, so one dtype a device
+#                                            # call), searched (mode=search), then timed interleaved: issue 8's geomean
 #   benchmarks/gpu_session.sh gate [NAME..]  # pointwise-heavy problems with the gate and with gate=false,
 #                                            # then the two side by side (benchmarks/suite/gate_compare.py)
 #   benchmarks/gpu_session.sh dispatch       # host cost per call of the launch op and of run_winner, a tiny
@@ -78,7 +79,7 @@ case "$phase" in
   level1)
     header "level 1" >"$out/level1.log"
     shift
-    python3 -m benchmarks.suite --level 1 ${*:+--only $*} --dtype fp32 bf16 --rounds 10 --calls 5 --out "$out" \
+    python3 -m benchmarks.suite --level 1 ${*:+--only $*} --dtype ${DTYPES:-fp32 bf16} --rounds 10 --calls 5 --out "$out" \
       -o mode=search -o search_budget_s=30 >>"$out/level1.log" 2>&1
     tail -n 40 "$out/level1.log"
     ;;
