@@ -297,14 +297,14 @@ std::string launch_spec(Spec& spec, at::TensorList inputs, std::vector<at::Tenso
   if (!problem.empty()) return problem;
   Kernel* const chosen = choose_kernel(spec, inputs);
   if (chosen == nullptr) return "cuda_agent::launch: no kernel of the spec accepts the inputs' alignment";
-  const Kernel& kernel = *chosen;
+  Kernel& kernel = *chosen;
   const c10::Device device = inputs[0].device();
   const CurrentDevice current(device);
   c10::Allocator* allocator = cuda_allocator(device);
   outputs = allocate_outputs(spec, [allocator](const Layout& layout) {
     return empty_cuda(layout.sizes, layout.strides, layout.dtype, allocator);
   });
-  const CUfunction function = function_on(*chosen, device.index());
+  const CUfunction function = function_on(kernel, device.index());
   const size_t count = kernel.kinds.size();
   ArgValue values[kMaxArgs];
   void* params[kMaxArgs];
@@ -329,11 +329,19 @@ std::string launch_spec(Spec& spec, at::TensorList inputs, std::vector<at::Tenso
   return "";
 }
 
-std::vector<at::Tensor> launch_cuda(c10::string_view key, c10::string_view program, at::TensorList inputs) {
+// The outputs of `key`'s spec launched on `inputs` (or, for a key with no spec, run_winner's), or
+// why the inputs are refused: what the op and the direct call both do.
+std::string launch_key(c10::string_view key, c10::string_view program, at::TensorList inputs,
+                       std::vector<at::Tensor>& outputs) {
   const std::shared_ptr<Spec> spec = find(key);
-  if (spec == nullptr) return run_winner(key, program, inputs);
+  if (spec != nullptr) return launch_spec(*spec, inputs, outputs);
+  outputs = run_winner(key, program, inputs);
+  return "";
+}
+
+std::vector<at::Tensor> launch_cuda(c10::string_view key, c10::string_view program, at::TensorList inputs) {
   std::vector<at::Tensor> outputs;
-  const std::string problem = launch_spec(*spec, inputs, outputs);
+  const std::string problem = launch_key(key, program, inputs, outputs);
   TORCH_CHECK_VALUE(problem.empty(), problem);
   return outputs;
 }
@@ -407,15 +415,10 @@ PyObject* launch_direct(PyObject* /*module*/, PyObject* const* args, Py_ssize_t 
     inputs.push_back(THPVariable_Unpack(items[i]));
   }
   HANDLE_TH_ERRORS
-  const c10::string_view name(key, static_cast<size_t>(key_size));
-  const std::shared_ptr<Spec> spec = find(name);
   std::vector<at::Tensor> outputs;
-  if (spec == nullptr) {
-    outputs = run_winner(name, c10::string_view(program, static_cast<size_t>(program_size)), inputs);
-  } else {
-    const std::string problem = launch_spec(*spec, inputs, outputs);
-    if (!problem.empty()) return fail(PyExc_ValueError, problem);
-  }
+  const std::string problem = launch_key(c10::string_view(key, static_cast<size_t>(key_size)),
+                                         c10::string_view(program, static_cast<size_t>(program_size)), inputs, outputs);
+  if (!problem.empty()) return fail(PyExc_ValueError, problem);
   PyObject* list = PyList_New(static_cast<Py_ssize_t>(outputs.size()));
   for (size_t i = 0; list != nullptr && i < outputs.size(); ++i) {
     PyList_SET_ITEM(list, static_cast<Py_ssize_t>(i), THPVariable_Wrap(outputs[i]));
