@@ -164,8 +164,8 @@ OPTIONS: tuple[Option, ...] = (
     Option("devices", None, _devices, 'GPUs the search may use: "all" (default) or a list such as ["cuda:0"]'),
     Option("gate", True, _bool,
            "time Inductor's kernel first and skip the search where it runs so close to the subgraph's floor "
-           "(bytes over the GPU's copy rate, FLOPs over its matmul peak, one launch) that no kernel could beat "
-           "it by min_speedup"),
+           "(one launch plus the longer of its bytes over the GPU's copy rate and its FLOPs over its matmul "
+           "peak) that no kernel could beat it by min_speedup"),
     Option("gate_slack", 0.05, _slack,
            "gate: how far above the floor the best kernels are taken to stay (0.05: 5%); the search is skipped "
            "when Inductor's time is at most floor * min_speedup * (1 + gate_slack)"),

@@ -94,6 +94,7 @@ def test_floors_are_measured_in_the_worker_and_recorded(tmp_path):
     assert set(measured.peak_tflops) == {"fp32", "tf32", "bf16", "fp16"}
     assert measured.peak_tflops["bf16"] > measured.peak_tflops["fp32"]
     assert 0 < measured.launch_ms < 0.1 and 0 < measured.host_ms < 1.0
+    assert measured.l2_bytes == torch.cuda.get_device_properties(0).L2_cache_size > 0
     key = gpu_key(0)
     assert key.startswith(torch.cuda.get_device_name(0)) and key.endswith(f"torch {torch.__version__}")
     assert read_floors(path, key) == measured

@@ -23,7 +23,7 @@ from agent_backend.gate import PRECISIONS, Floors
 log = logging.getLogger("cuda_agent")
 
 FILE_NAME = "gpu_floors.json"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: the L2's size (gate.Floors.l2_bytes)
 _LOCK_TIMEOUT_S = 10.0
 _COPY_BYTES = 256 * 2**20
 _MATMUL_SIZES = (4096, 8192)
@@ -160,7 +160,7 @@ def _fast_launch_host_ms(timer) -> float | None:
 
 def measure_floors(device, timer, precision_context) -> Floors:
     """Measure this worker's GPU: a large copy, a large matmul per precision, the smallest
-    launch. `timer` is the profiler's (env/profile.py CudaTimer); `precision_context(settings)`
+    launch; and read its L2's size. `timer` is the profiler's (env/profile.py CudaTimer); `precision_context(settings)`
     runs a block under precision settings (env/guards.py)."""
     import torch
     free_bytes, _ = torch.cuda.mem_get_info(device)
@@ -172,4 +172,5 @@ def measure_floors(device, timer, precision_context) -> Floors:
         fast_host_ms = _fast_launch_host_ms(timer)
     torch.cuda.empty_cache()
     return Floors(copy_gbps=copy_gbps, launch_ms=launch_ms,
-                  host_ms=min(host_ms, fast_host_ms) if fast_host_ms is not None else host_ms, peak_tflops=peaks)
+                  host_ms=min(host_ms, fast_host_ms) if fast_host_ms is not None else host_ms, peak_tflops=peaks,
+                  l2_bytes=int(getattr(torch.cuda.get_device_properties(device), "L2_cache_size", 0)))
