@@ -8,6 +8,7 @@ import torch
 
 from agent_backend import gate
 from agent_backend.gate import Floor, Floors, Work
+from agent_backend.options import resolve
 from agent_backend.specs import Task, TensorSpec
 from helpers import collect_tasks
 
@@ -115,7 +116,7 @@ def test_the_floor_stays_under_what_copies_took_on_an_h100(moved, measured_ms):
 def test_small_tasks_of_a_training_step_are_skipped_and_a_win_is_not():
     """A bf16 residual add of GPT-2's training step (8 x 512 x 768: two inputs, one output) where
     Inductor takes 10.5 us: a kernel at the copy rate alone (6.3 us) would have been 1.66x and the
-    search ran; one launch more (9.9 us) it is 1.05x, under the bar. The tenth session's bf16 GELU
+    search ran; one launch more (9.9 us) it is 1.06x, under the bar. The tenth session's bf16 GELU
     over 8192 x 8192 (Inductor 109.2 us, ours 99.6 us: a 1.10x win) is still searched."""
     residual = gate.task_floor(3 * 8 * 512 * 768 * 2, [], H100, rewritable=False)
     assert gate.judge(0.0105, residual, min_speedup=1.05, slack=0.05).skip
@@ -124,12 +125,16 @@ def test_small_tasks_of_a_training_step_are_skipped_and_a_win_is_not():
     assert gelu.ms <= 0.0996, "our kernel ran under 1.1x the floor"
 
 
-def test_a_rewrite_or_a_missing_peak_leaves_flops_out():
-    mm = [Work("aten.mm.default", 1e12, ("fp32",))]
-    rewritten = gate.task_floor(1 << 20, mm, FLOORS, rewritable=True)
-    assert rewritten.compute_ms == 0.0 and "rewrite" in rewritten.note
-    fp64 = gate.task_floor(1 << 20, [Work("aten.mm.default", 1e12, ())], FLOORS, rewritable=False)
-    assert fp64.compute_ms == 0.0 and "no measured peak" in fp64.note
+@pytest.mark.parametrize("ratio, skipped", [(1.080, True), (1.107, True), (1.128, True), (1.140, True),
+                                            (1.169, False), (1.196, False)])
+def test_the_default_bar_against_the_ratios_of_an_h100_run(ratio, skipped):
+    """Inductor's time over the floor for the pointwise tasks of `gpu_session.sh gate` on an H100
+    (2026-11-25): scalar_chain, bias_gelu_mul, scale_shift_tanh and GPT-2's training step (1.14,
+    1.17), where no candidate won a full search, and gelu (1.196), where ours won 1.09-1.10x at
+    1.10x its floor: the default slack is that 10%."""
+    settings = resolve({})
+    floor = Floor(memory_ms=0.1, compute_ms=0.0, launch_ms=0.002, host_ms=0.004, launch_share=0.0)
+    assert gate.judge(0.1 * ratio, floor, settings.min_speedup, settings.gate_slack).skip == skipped
 
 
 def test_skips_only_where_a_kernel_at_the_floor_cannot_win():
