@@ -9,6 +9,7 @@ from typing import Callable
 
 import torch.fx as fx
 from torch._inductor.custom_graph_pass import CustomGraphPass
+from torch._inductor.pattern_matcher import stable_topological_sort
 
 from . import inline, runtime
 from .partition import Group, partition
@@ -65,11 +66,16 @@ class GraphReport:
 def rewrite(graph: fx.Graph, group: Group, key: str, task: Task) -> bool:
     """Replace the group's nodes (whose task is `task`) with the winner: a rewrite as its ATen ops
     (inline.py; True), anything else as one call of the winner's op (runtime.call_for) and getitems
-    for its outputs."""
+    for its outputs. Either goes where the group's last node was; where a node between the group's
+    nodes uses one of its outputs (a training graph's forward computes a LayerNorm's output, uses
+    it, then computes the LayerNorm's saved 1/std for the backward), the graph is sorted again so
+    that node follows the new ones."""
+    used_early = _outputs_used_within(group)
     try:
         sub = inline.aten_graph(key, task)
         if sub is not None:
             inline.splice(graph, group, sub)  # traces first: a failure leaves the graph as it was
+            _reorder(graph, used_early)
             return True
     except Exception as e:  # the op call below runs the same verified winner
         log.warning("cuda_agent: could not inline kernel %s (%s: %s); it runs through its op", key[:12],
@@ -93,7 +99,25 @@ def rewrite(graph: fx.Graph, group: Group, key: str, task: Task) -> bool:
         anchor = item
     for n in reversed(group.nodes):
         graph.erase_node(n)
+    _reorder(graph, used_early)
     return False
+
+
+def _outputs_used_within(group: Group) -> bool:
+    """Whether a node that is not the group's, placed between its first and last nodes, uses a
+    value the group computes: then it would come before the call that replaces the group."""
+    members = set(group.nodes)
+    node = group.nodes[0]
+    while node is not group.nodes[-1]:
+        if node not in members and any(a in members for a in node.all_input_nodes):
+            return True
+        node = node.next
+    return False
+
+
+def _reorder(graph: fx.Graph, needed: bool) -> None:
+    if needed:
+        stable_topological_sort(graph)  # keeps every other node's order
 
 
 def worth_a_search(group: Group, min_ops: int) -> bool:

@@ -299,6 +299,38 @@ def test_a_transformer_graph_is_checked_whole(cache_dir):
     assert all("in context: the whole graph ran" in d.reason for d in decisions), [d.reason for d in decisions]
 
 
+def test_a_training_steps_row_tasks_won_in_place_compute_the_same_step(cache_dir):
+    """GPT-2's training step with every row task (LayerNorms, their backward, the loss, the bias
+    gradients) won by its own program. The forward computes a LayerNorm's output, uses it, and
+    only then the LayerNorm's 1/std saved for the backward: the winner's call, put where the
+    group's last node was, came after that use, and Inductor refused the graph ("used before it
+    has been defined"); the graph is now sorted again. Loss and gradients match eager's."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(0)
+    model = GPT2LMHeadModel(GPT2Config(vocab_size=64, n_positions=32, n_embd=32, n_layer=1, n_head=2,
+                                       resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0))
+    ids = torch.randint(0, 64, (2, 16))
+
+    def step(i):
+        out = model(i, labels=i)
+        out.loss.backward()
+        return out.loss.detach()
+
+    def own_program(task):
+        return task.program + "\n\nclass ModelNew(Model):\n    pass\n" if task.kind == "reduction" else None
+
+    expected_loss = step(ids)
+    expected = {name: p.grad.clone() for name, p in model.named_parameters()}
+    model.zero_grad()
+    loss, decisions, keys = _compile_with(step, [ids], resolve({"mode": "search", "in_context_check": False}),
+                                          own_program)
+    assert len(keys) >= 5 and all(d.winner_key for d in decisions), "LayerNorm forward and backward, sums, the loss"
+    torch.testing.assert_close(loss, expected_loss)
+    for name, p in model.named_parameters():
+        torch.testing.assert_close(p.grad, expected[name], rtol=1e-4, atol=1e-5, msg=name)
+
+
 def test_a_graph_whose_inputs_take_a_large_share_of_the_gpus_free_memory_is_not_checked(monkeypatch):
     from agent_backend.in_context import ContextCheck, too_big
     from agent_backend.specs import Task, TensorSpec
