@@ -132,3 +132,76 @@ SCAN_LAUNCHES = {
 def test_scan_launches_compute_the_task(label, tmp_path):
     make, launch = SCAN_LAUNCHES[label]
     _check(make(), launch, tmp_path)
+
+
+_EMULATED_WINNER = '''
+from pathlib import Path
+
+import torch.nn as nn
+
+from agent_backend.specs import TensorSpec
+from cuda_emulation import run
+
+
+class ModelNew(nn.Module):
+    def forward(self, *inputs):
+        for k, (x, (shape, stride, dtype)) in enumerate(zip(inputs, {inputs!r})):
+            assert tuple(x.shape) == shape and str(x.dtype) == "torch." + dtype and all(
+                n == 1 or a == b for n, a, b in zip(shape, x.stride(), stride)), ("input", k, x.shape, x.stride())
+        outputs = [TensorSpec(*o) for o in {outputs!r}]
+        return tuple(run({source!r}, "k", {launch!r}, list(inputs), outputs, Path({workdir!r})))
+'''
+
+
+def test_row_kernels_in_a_training_steps_graph_compute_the_step(tmp_path):
+    """GPT-2's training step (bf16, rows of 128) with every row task run by its rows kernel in the
+    emulator, as a winner in the compiled graph: the forward's LayerNorms, their backward, the
+    loss, the bias gradients. Rows are taken 16 threads x 8 rows x 8 wide where they allow it
+    (what an H100 search picked for GPT-2's LayerNorm backward, 1.12x alone, whose graph then
+    disagreed with Inductor's on the GPU, 2026-11-25). Loss and gradients are eager's."""
+    import dataclasses
+
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    from agent_backend.dispatch import close_shared_environments
+    from agent_backend.options import resolve
+    from test_in_context import _compile_with
+    from test_rows_template import _on_cuda
+
+    torch.manual_seed(0)
+    model = GPT2LMHeadModel(GPT2Config(vocab_size=64, n_positions=32, n_embd=128, n_layer=1, n_head=2,
+                                       resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)).to(bf16)
+    ids = torch.randint(0, 64, (2, 8))
+
+    def step(i):
+        out = model(i, labels=i)
+        out.loss.float().backward()
+        return out.loss.detach()
+
+    def emulated(task):
+        if task.kind != "reduction":
+            return None
+        plan = build_plan(_on_cuda(task))  # the kernel a GPU would get for this task
+        launch = launch_configs(plan)[0]
+        if plan.along_rows and plan.row_length % 128 == 0:
+            launch = dataclasses.replace(launch, threads=16, rows=8, width=8, cluster=1, split=1)
+        launches.append(launch)
+        return _EMULATED_WINNER.format(
+            source=kernel_source(plan, "k", launch), launch=launch_arguments(plan, launch), workdir=str(tmp_path),
+            inputs=[(s.shape, s.stride, s.dtype) for s in task.inputs],
+            outputs=[(s.shape, s.stride, s.dtype, s.device) for s in task.outputs])
+
+    expected_loss = step(ids)
+    expected = {name: p.grad.clone() for name, p in model.named_parameters()}
+    model.zero_grad()
+    launches: list[Launch] = []
+    try:
+        loss, decisions, _ = _compile_with(step, [ids], resolve({"mode": "search", "in_context_check": False}),
+                                           emulated)
+    finally:
+        close_shared_environments()
+    assert sum(launch.threads == 16 and launch.rows == 8 for launch in launches) >= 6, launches
+    assert decisions and all(d.winner_key for d in decisions)
+    torch.testing.assert_close(loss, expected_loss, rtol=2e-3, atol=2e-3)
+    for name, p in model.named_parameters():
+        torch.testing.assert_close(p.grad.float(), expected[name].float(), rtol=2e-2, atol=2e-2, msg=name)
