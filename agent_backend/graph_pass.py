@@ -71,15 +71,24 @@ def rewrite(graph: fx.Graph, group: Group, key: str, task: Task) -> bool:
     it, then computes the LayerNorm's saved 1/std for the backward), the graph is sorted again so
     that node follows the new ones."""
     used_early = _outputs_used_within(group)
+    inlined = False
     try:
         sub = inline.aten_graph(key, task)
         if sub is not None:
             inline.splice(graph, group, sub)  # traces first: a failure leaves the graph as it was
-            _reorder(graph, used_early)
-            return True
+            inlined = True
     except Exception as e:  # the op call below runs the same verified winner
         log.warning("cuda_agent: could not inline kernel %s (%s: %s); it runs through its op", key[:12],
                     type(e).__name__, e, exc_info=True)
+    if not inlined:
+        _call_winner(graph, group, key, task)
+    if used_early:
+        stable_topological_sort(graph)  # keeps every other node's order
+    return inlined
+
+
+def _call_winner(graph: fx.Graph, group: Group, key: str, task: Task) -> None:
+    """The group's nodes replaced by one call of the winner's op and getitems for its outputs."""
     members = set(group.nodes)
     inputs, outputs = boundary(group)
     last = group.nodes[-1]
@@ -99,8 +108,6 @@ def rewrite(graph: fx.Graph, group: Group, key: str, task: Task) -> bool:
         anchor = item
     for n in reversed(group.nodes):
         graph.erase_node(n)
-    _reorder(graph, used_early)
-    return False
 
 
 def _outputs_used_within(group: Group) -> bool:
@@ -113,11 +120,6 @@ def _outputs_used_within(group: Group) -> bool:
             return True
         node = node.next
     return False
-
-
-def _reorder(graph: fx.Graph, needed: bool) -> None:
-    if needed:
-        stable_topological_sort(graph)  # keeps every other node's order
 
 
 def worth_a_search(group: Group, min_ops: int) -> bool:

@@ -62,7 +62,9 @@ def cases():
     }
 
 
-class _Fn(torch.nn.Module):
+class Fn(torch.nn.Module):
+    """A function as a module, for tracing its graph."""
+
     def __init__(self, fn):
         super().__init__()
         self.fn = fn
@@ -82,7 +84,7 @@ def run_cases(only: str | None = None, make_cases=cases, kind: str = "pointwise"
         for name, (fn, inputs) in make_cases().items():
             if only and only not in name:
                 continue
-            tasks = [t for t in tasks_of(trace_tasks(_Fn(fn), inputs, backward=False)) if t.kind == kind]
+            tasks = [t for t in tasks_of(trace_tasks(Fn(fn), inputs, backward=False)) if t.kind == kind]
             task = max(tasks, key=lambda t: len(t.ops))
             entry = search_task(task, env, policy, budget_s=600, max_candidates=settings.max_candidates)
             row = {"case": name, "ops": len(task.ops), "outcome": entry.outcome, "reason": entry.reason,

@@ -16,7 +16,6 @@ import sys
 from pathlib import Path
 
 import torch
-import torch.nn as nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout
 
@@ -24,19 +23,10 @@ from agent_backend.env.profile import CudaTimer  # noqa: E402
 from agent_backend.env.verify import sleep_cycles_per_ms  # noqa: E402
 from agent_backend.explain import tasks_of, trace_tasks  # noqa: E402
 from agent_backend.task import load_program  # noqa: E402
+from pointwise import Fn, copy_bandwidth_gbs  # noqa: E402
 from skills.rows import propose  # noqa: E402
 
 ROUNDS = 30
-COPY_GBPS = 2990.0  # the H100's measured copy rate, for the printed floor only
-
-
-class Fn(nn.Module):
-    def __init__(self, fn):
-        super().__init__()
-        self.fn = fn
-
-    def forward(self, x):
-        return self.fn(x)
 
 
 def contenders(fn, x) -> dict:
@@ -48,7 +38,7 @@ def contenders(fn, x) -> dict:
     return named
 
 
-def case(timer: CudaTimer, label: str, fn, x: torch.Tensor) -> None:
+def case(timer: CudaTimer, copy_gbs: float, label: str, fn, x: torch.Tensor) -> None:
     named = contenders(fn, x)
     for f in named.values():
         for _ in range(3):
@@ -59,7 +49,7 @@ def case(timer: CudaTimer, label: str, fn, x: torch.Tensor) -> None:
         for k, f in named.items():
             times[k].append(timer.time_call(lambda: f(x)).ms * 1000)
     nbytes = x.numel() * x.element_size()
-    print(f"## {label} {tuple(x.shape)} {x.dtype}: {nbytes / 1e6:.1f} MB, floor {nbytes / COPY_GBPS / 1e3:.1f} us",
+    print(f"## {label} {tuple(x.shape)} {x.dtype}: {nbytes / 1e6:.1f} MB, floor {nbytes / copy_gbs / 1e3:.1f} us",
           flush=True)
     inductor = statistics.median(times["inductor"])
     for k, v in times.items():
@@ -71,15 +61,16 @@ def case(timer: CudaTimer, label: str, fn, x: torch.Tensor) -> None:
 def main(which: list[str]) -> None:
     device = torch.device("cuda:0")
     timer = CudaTimer(device, sleep_cycles_per_ms(device))
+    copy_gbs = copy_bandwidth_gbs()
     for dtype in (torch.bfloat16, torch.float32):
         def r(*shape):
             return torch.randn(*shape, device=device, dtype=dtype)
         if "lse" in which:
-            case(timer, "logsumexp", lambda x: torch.logsumexp(x, -1), r(4096, 8192))
+            case(timer, copy_gbs, "logsumexp", lambda x: torch.logsumexp(x, -1), r(4096, 8192))
         if "sum" in which:
-            case(timer, "sum long rows", lambda x: x.sum(-1), r(16, 393216))
+            case(timer, copy_gbs, "sum long rows", lambda x: x.sum(-1), r(16, 393216))
         if "softmax" in which:
-            case(timer, "softmax", lambda x: torch.softmax(x, -1), r(4096, 8192))
+            case(timer, copy_gbs, "softmax", lambda x: torch.softmax(x, -1), r(4096, 8192))
 
 
 if __name__ == "__main__":
