@@ -168,8 +168,8 @@ class PacedEnvironment:
     def evaluate_many(self, task, candidates, profile: bool = True):
         return [self._paced(lambda: self.env.evaluate(task, c, profile)) for c in candidates]
 
-    def time_reference(self, task, floors_path: str | None = None):
-        return self._paced(lambda: self.env.time_reference(task, floors_path))
+    def time_reference(self, task, floors_path: str | None = None, copy_bytes: int | None = None):
+        return self._paced(lambda: self.env.time_reference(task, floors_path, copy_bytes))
 
 
 _queue: SearchQueue | None = None

@@ -15,6 +15,10 @@ transfer where the transfer is small and hides behind it where it is large: on a
 floor adds `launch * min(1, (L2 / 2) / bytes)`, which stays under each of those. Taking the
 longer of the two instead put a small task's floor at its bytes alone, far below what any
 kernel reaches, and the gate searched every small pointwise task of a training step for nothing.
+Where the gate timed a copy moving the task's bytes beside Inductor's kernel (search.gate_task,
+interleaved in the worker: same clocks, same fixed costs), that copy's time, its launch included,
+is the memory part instead of the model above: Inductor's ratio to a floor from the machine's
+floors moved by about 10% from one H100 to another (2026-11-25), enough to cross the bar.
 The host bound is the host time of the cheapest launch (a win is judged on the longer of a
 kernel's GPU and host time, env/profile.py counted_speedup).
 
@@ -230,11 +234,14 @@ def task_work(task: Task, precision: dict) -> list[Work]:
 
 # -- the floor ------------------------------------------------------------------------------------
 
-def task_floor(moved: int, work: list[Work], floors: Floors, *, rewritable: bool) -> Floor:
+def task_floor(moved: int, work: list[Work], floors: Floors, *, rewritable: bool,
+               copy_ms: float | None = None) -> Floor:
     """The floor of a task that moves `moved` bytes and does `work`, on a GPU with `floors`.
-    `rewritable`: a known rewrite applies, which may remove work, so FLOPs set no floor."""
-    memory_ms = moved / (floors.copy_gbps * 1e9) * 1e3
-    compute_ms, notes = 0.0, []
+    `rewritable`: a known rewrite applies, which may remove work, so FLOPs set no floor.
+    `copy_ms`: a copy moving `moved` bytes, timed beside Inductor's kernel; where given, it is
+    the memory part (its launch included, so no launch adds) in place of the L2-knee model."""
+    memory_ms = copy_ms if copy_ms is not None else moved / (floors.copy_gbps * 1e9) * 1e3
+    compute_ms, notes = 0.0, ["memory: a copy of the same bytes, timed beside Inductor"] if copy_ms is not None else []
     if rewritable and work:
         notes.append("a rewrite applies: FLOPs set no floor")
     else:
@@ -245,5 +252,5 @@ def task_floor(moved: int, work: list[Work], floors: Floors, *, rewritable: bool
                 continue
             compute_ms += w.flops / (max(peaks) * 1e12) * 1e3
     hidden_above = floors.l2_bytes / 2  # bytes past which the launch starts to hide (the module's doc)
-    launch_share = min(1.0, hidden_above / moved) if moved else 1.0
+    launch_share = 0.0 if copy_ms is not None else min(1.0, hidden_above / moved) if moved else 1.0
     return Floor(memory_ms, compute_ms, floors.launch_ms, floors.host_ms, "; ".join(notes), launch_share)

@@ -48,13 +48,15 @@ def gate_task(task: Task, env, policy, *, precision: dict, min_speedup: float, s
     from skills import rewrites
 
     start = time.monotonic()
-    timing = env.time_reference(task, floors_path)
+    moved = gate.task_bytes(task)
+    timing = env.time_reference(task, floors_path, copy_bytes=moved)
     if timing.status != "passed" or timing.floors is None:
         log.info("task %s: no gate (%s)", task.hash[:12], timing.reason or timing.floors_note)
         return None, None
     try:
-        floor = gate.task_floor(gate.task_bytes(task), gate.task_work(task, precision),
-                                gate.Floors.from_json(timing.floors), rewritable=rewrites.supports(task) is None)
+        floor = gate.task_floor(moved, gate.task_work(task, precision), gate.Floors.from_json(timing.floors),
+                                rewritable=rewrites.supports(task) is None,
+                                copy_ms=timing.copy_ms["median"] if timing.copy_ms else None)
     except Exception as e:  # a floor we cannot compute must not cost the task its search
         log.warning("cuda_agent: no gate for task %s (%s: %s)", task.hash[:12], type(e).__name__, e, exc_info=True)
         return None, None

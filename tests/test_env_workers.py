@@ -145,11 +145,12 @@ def test_a_task_whose_reference_the_worker_dropped_is_still_timed_against_induct
 def test_inductors_reference_is_timed_alone(env, tmp_path):
     """The gate's request: Inductor's reference compiled and timed as candidates are timed
     against it; on a CPU worker no floors are measured (they are a GPU's), and none are written."""
-    timing = env.time_reference(TASK, floors_path=str(tmp_path / "gpu_floors.json"))
+    timing = env.time_reference(TASK, floors_path=str(tmp_path / "gpu_floors.json"), copy_bytes=1 << 20)
     assert timing.status == "passed", timing.reason
     stats = timing.inductor_ms
     assert stats["trials"] >= 20 and 0 < stats["p10"] <= stats["median"] <= stats["p90"], stats
     assert timing.floors is None and "CUDA GPUs only" in timing.floors_note
+    assert timing.copy_ms is None, "a copy is timed on a GPU only, where the gate has floors"
     assert set(timing.phase_s) == {"prepare", "reference"} and timing.device == "cpu"
     assert not (tmp_path / "gpu_floors.json").exists()
 

@@ -103,6 +103,23 @@ def test_the_floor_is_a_launch_plus_the_longer_of_memory_and_compute():
     assert gate.task_floor(12_000_000, [], unknown_l2, rewritable=False).gpu_ms == pytest.approx(0.003)
 
 
+def test_a_copy_timed_beside_inductor_is_the_memory_floor_with_its_launch():
+    """The gate times a copy of the task's bytes interleaved with Inductor's kernel: it holds the
+    launch and what the GPU does that day, so it stands in for the modelled transfer and launch;
+    compute and the host still bound the floor."""
+    residual = 3 * 8 * 512 * 768 * 2
+    timed = gate.task_floor(residual, [], H100, rewritable=False, copy_ms=0.0098)
+    assert (timed.memory_ms, timed.launch_share, timed.gpu_ms, timed.bound) == (0.0098, 0.0, 0.0098, "memory")
+    assert "a copy of the same bytes" in timed.note
+    assert gate.judge(0.0105, timed, min_speedup=1.05, slack=0.10).skip
+    # a GELU whose Inductor kernel took 1.21x the copy of its bytes is still searched
+    assert not gate.judge(0.1092, gate.task_floor(2 * 8192**2 * 2, [], H100, rewritable=False, copy_ms=0.0903),
+                          min_speedup=1.05, slack=0.10).skip
+    mm = [Work("aten.mm.default", 2 * 4096**3, ("fp32",))]
+    assert gate.task_floor(3 * 4096**2 * 4, mm, FLOORS, rewritable=False, copy_ms=0.05).bound == "compute"
+    assert gate.task_floor(1024, [], FLOORS, rewritable=False, copy_ms=0.0021).bound == "host"
+
+
 @pytest.mark.parametrize("moved, measured_ms", [(0, 0.0036), (25_165_824, 0.01282), (134_217_728, 0.04589),
                                                 (268_435_456, 0.09030)])
 def test_the_floor_stays_under_what_copies_took_on_an_h100(moved, measured_ms):

@@ -86,9 +86,15 @@ def test_the_key_names_gpu_driver_and_torch():
 def test_floors_are_measured_in_the_worker_and_recorded(tmp_path):
     path = tmp_path / FILE_NAME
     task = add_relu_task("cuda", shape=(4096, 4096))
+    moved = 3 * 4096 * 4096 * 4
     with Environment(["cuda:0"], Timeouts(compile_s=300, profile_s=300)) as env:
-        timing = env.time_reference(task, floors_path=str(path))
+        timing = env.time_reference(task, floors_path=str(path), copy_bytes=moved)
     assert timing.status == "passed", timing.reason
+    # the copy of as many bytes, timed beside Inductor's add+relu: no faster than the copy rate
+    # allows, and Inductor no faster than it by more than noise
+    copy = timing.copy_ms
+    assert copy["trials"] == timing.inductor_ms["trials"] and copy["median"] >= moved / 20000e9 * 1e3
+    assert timing.inductor_ms["median"] > 0.9 * copy["median"], (timing.inductor_ms, copy)
     measured = Floors.from_json(timing.floors)
     assert 100 < measured.copy_gbps < 20000
     assert set(measured.peak_tflops) == {"fp32", "tf32", "bf16", "fp16"}

@@ -258,12 +258,13 @@ class Environment:
         with ThreadPoolExecutor(max_workers=len(self._handles)) as pool:
             return list(pool.map(lambda c: self.evaluate(task, c, profile), candidates))
 
-    def time_reference(self, task: Task, floors_path: str | None = None) -> ReferenceTiming:
-        """Inductor's time for `task` alone on a free worker (its reference stays compiled there
-        for the candidates that follow), with that GPU's floors when `floors_path` names their
-        file (env/floors.py)."""
+    def time_reference(self, task: Task, floors_path: str | None = None,
+                       copy_bytes: int | None = None) -> ReferenceTiming:
+        """Inductor's time for `task` on a free worker (its reference stays compiled there for
+        the candidates that follow), interleaved on a GPU with a copy moving `copy_bytes`, and
+        with that GPU's floors when `floors_path` names their file (env/floors.py)."""
         with self._free_worker() as handle:
-            return _Evaluation(self, handle, task, None).run_reference(floors_path)
+            return _Evaluation(self, handle, task, None).run_reference(floors_path, copy_bytes)
 
     def time_in_context(self, before: Task, after: Task, winners: list[dict],
                         compare: bool = True) -> ContextTiming:
@@ -306,7 +307,7 @@ class _Evaluation:
             self.restarted = True
         return reply
 
-    def run_reference(self, floors_path: str | None) -> ReferenceTiming:
+    def run_reference(self, floors_path: str | None, copy_bytes: int | None) -> ReferenceTiming:
         def failed(status: str, reason: str) -> ReferenceTiming:
             return ReferenceTiming(status, reason, device=self.handle.device, phase_s=dict(self.phase_s))
         timeouts, task_json = self.env.timeouts, self.task.to_json()
@@ -317,12 +318,14 @@ class _Evaluation:
         if not reply.data["ok"]:
             return failed("compile_error", reply.data["error"])
         reply = self._call({"op": "reference", "task": task_json, "precision": self.env.precision,
-                            "floors_path": floors_path}, timeouts.profile_s, "timing Inductor's reference")
+                            "floors_path": floors_path, "copy_bytes": copy_bytes}, timeouts.profile_s,
+                           "timing Inductor's reference")
         if reply.failure:
             return failed(reply.failure.status, reply.failure.reason)
         if reply.data["status"] != "passed":
             return failed(reply.data["status"], reply.data["reason"])
-        return ReferenceTiming("passed", inductor_ms=reply.data["inductor_ms"], floors=reply.data.get("floors"),
+        return ReferenceTiming("passed", inductor_ms=reply.data["inductor_ms"], copy_ms=reply.data.get("copy_ms"),
+                               floors=reply.data.get("floors"),
                                floors_note=reply.data.get("floors_note", ""), device=self.handle.device,
                                phase_s=dict(self.phase_s))
 

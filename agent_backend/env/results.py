@@ -65,11 +65,13 @@ class ReferenceTiming:
     """Inductor's reference for a task timed alone, as candidates are timed against it, and the
     floors (gate.Floors JSON) of the GPU it ran on: None where they were not asked for or are
     not measured there (`floors_note` says why). `inductor_ms` holds the profiler's stats
-    (median, p10, p90, trials, host_median); None unless status is "passed"."""
+    (median, p10, p90, trials, host_median); None unless status is "passed". `copy_ms`: the
+    same stats of the copy timed beside it, where one was asked for and the GPU timed it."""
 
     status: str
     reason: str = ""
     inductor_ms: dict | None = None
+    copy_ms: dict | None = None
     floors: dict | None = None
     floors_note: str = ""
     device: str = ""

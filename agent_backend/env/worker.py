@@ -37,7 +37,7 @@ from agent_backend import runtime
 from agent_backend.env import float64, launch_op
 from agent_backend.env.candidate_loader import CandidateError, describe_exception, load_candidate, load_task, unload
 from agent_backend.env.compare import compare_values, layout_problem, tolerance
-from agent_backend.env.floors import gpu_key, load_or_measure, measure_floors
+from agent_backend.env.floors import copy_call, gpu_key, load_or_measure, measure_floors
 from agent_backend.env.guards import REAL, GlobalSwitches, PatchFingerprint, StateWatch, precision_context
 from agent_backend.env.profile import INPUT_SETS, CudaTimer, make_timer, profile_candidate, time_contenders
 from agent_backend.env.results import Failure, counted_ms
@@ -178,18 +178,24 @@ class Worker:
             self.tasks.pop(after.hash, None)  # it calls winners no longer registered here
 
     def _reference(self, request: dict) -> dict:
-        """Time Inductor's reference alone (compiled by "prepare"), with the profiler's method,
-        and add this GPU's floors when `floors_path` names their file."""
+        """Time Inductor's reference (compiled by "prepare") with the profiler's method, on a GPU
+        interleaved with a copy of `copy_bytes` where the request names them (the gate's floor:
+        the two see the same clocks and the same fixed costs), and add this GPU's floors when
+        `floors_path` names their file."""
         task = Task.from_json(request["task"])
         state = self._task_state(task)
         if state.compiled is None:
             return {"status": "runtime_error",
                     "reason": state.inductor_error or "Inductor's reference is not compiled in this worker"}
         input_sets = self._input_sets(task, new_seed())
+        contenders = {"inductor": state.compiled}
+        if request.get("copy_bytes") and self.device.type == "cuda":
+            contenders["copy"] = copy_call(request["copy_bytes"], self.device)
         with precision_context(self.switches, request["precision"]), torch.no_grad():
             timer = make_timer(self.device, self.cycles_per_ms)
-            stats, _ = time_contenders({"inductor": state.compiled}, input_sets, timer)
-        reply = {"status": "passed", "reason": "", "inductor_ms": stats["inductor"], "timer": timer.description}
+            stats, _ = time_contenders(contenders, input_sets, timer)
+        reply = {"status": "passed", "reason": "", "inductor_ms": stats["inductor"], "copy_ms": stats.get("copy"),
+                 "timer": timer.description}
         if request.get("floors_path"):
             reply.update(self._floors(Path(request["floors_path"])))
         return reply
