@@ -26,6 +26,7 @@ def cases():
         "softmax_bf16_4kx4k": (lambda x: torch.softmax(x, -1), (r(4096, 4096, dtype=bf16),)),
         "softmax_f32_4kx4k": (lambda x: torch.softmax(x, -1), (r(4096, 4096),)),
         "softmax_f32_16x393216": (lambda x: torch.softmax(x, -1), (r(16, 393216),)),  # KernelBench level 1
+        "softmax_bf16_16x393216": (lambda x: torch.softmax(x, -1), (r(16, 393216, dtype=bf16),)),
         "log_softmax_bf16_4kx32000": (lambda x: torch.log_softmax(x, -1), (r(4096, 32000, dtype=bf16),)),
         "layernorm_bf16_8kx4k": (lambda x, w, b: F.layer_norm(x, (4096,), w, b),
                                  (r(8192, 4096, dtype=bf16), r(4096, dtype=bf16), r(4096, dtype=bf16))),
@@ -37,6 +38,7 @@ def cases():
         "sum_f32_1x16M": (lambda x: x.sum(-1), (r(1, 1 << 24),)),
         "mean_dim1_f32_64x512x256": (lambda x: x.mean(1), (r(64, 512, 256),)),
         "logsumexp_f32_4kx4k": (lambda x: torch.logsumexp(x, -1), (r(4096, 4096),)),
+        "logsumexp_bf16_4kx8k": (lambda x: torch.logsumexp(x, -1), (r(4096, 8192, dtype=bf16),)),  # the suite's
         # column sums: a bias's gradient in a transformer's training step (batch x sequence rows,
         # hidden or MLP columns), and the suite's tall one
         "bias_grad_bf16_4096x768": (lambda x: x.sum(0), (r(4096, 768, dtype=bf16),)),
