@@ -7,7 +7,6 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Callable
 
-import torch
 import torch.fx as fx
 from torch._inductor.custom_graph_pass import CustomGraphPass
 from torch._inductor.pattern_matcher import stable_topological_sort
@@ -124,32 +123,11 @@ def _outputs_used_within(group: Group) -> bool:
 
 
 def worth_a_search(group: Group, min_ops: int) -> bool:
-    """At least `min_ops` ops, or a reduction or scan however small, or an op that reads an
-    operand in another memory order than it writes (a transpose): a single pointwise op is
+    """At least `min_ops` ops, or a reduction or scan however small: a single pointwise op is
     already what Inductor writes, a single reduction may not be (a float32 sum over 16 rows of
     393216: Inductor's kernels 80-107 us, eager's 21 us, H100), nor a scan (a bf16 cumsum of
-    8192 x 4096: Inductor's 82 us, 60% of the copy rate; the rows family's 51 us, H100), nor a
-    transposing copy (bf16 8192 x 8192: Inductor at 83% of the copy rate, fp32 at 92%, H100)."""
-    return (group.op_count() >= min_ops or group.kind in ("reduction", "scan")
-            or any(_transposes(n) for n in group.nodes))
-
-
-def _transposes(node: fx.Node) -> bool:
-    """`node` writes its result in another memory order than one of its same-shaped inputs has
-    (over the dims both step along: a broadcast input's stride-0 dims do not count)."""
-    out = node.meta.get("val")
-    if not isinstance(out, torch.Tensor) or out.dim() < 2:
-        return False
-
-    def order(t: torch.Tensor, dims: list[int]) -> list[int]:
-        return sorted(dims, key=lambda d: -t.stride(d))
-    for a in node.all_input_nodes:
-        v = a.meta.get("val")
-        if isinstance(v, torch.Tensor) and v.shape == out.shape:
-            dims = [d for d in range(out.dim()) if out.shape[d] > 1 and v.stride(d) and out.stride(d)]
-            if order(v, dims) != order(out, dims):
-                return True
-    return False
+    8192 x 4096: Inductor's 82 us, 60% of the copy rate; the rows family's 51 us, H100)."""
+    return group.op_count() >= min_ops or group.kind in ("reduction", "scan")
 
 
 class SubgraphPass(CustomGraphPass):

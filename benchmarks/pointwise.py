@@ -59,8 +59,6 @@ def cases():
                                 (r(4096, 4096), r(4096, 4096))),
         "transposed_add_f32_4kx4k": (lambda x, y: torch.sigmoid(x.t() + y) * 3.0, (r(4096, 4096), r(4096, 4096))),
         "small_f32_256x1024": (lambda x, y: torch.relu(x * y + 1.0) - y, (r(256, 1024), r(256, 1024))),
-        # the suite's transpose_copy: a lone copy that changes the memory order (graph_pass.worth_a_search)
-        "transpose_copy_bf16_8kx8k": (lambda x: x.t().contiguous(), (r(8192, 8192, dtype=torch.bfloat16),)),
         # the suite's batchnorm_eval: a per-channel scale and shift of 784 elements each
         "batchnorm_eval_bf16_32x256x28x28": (
             lambda x, m, v, w, b: torch.nn.functional.batch_norm(x, m, v, w, b, training=False),
