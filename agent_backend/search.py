@@ -50,13 +50,12 @@ def gate_task(task: Task, env, policy, *, precision: dict, min_speedup: float, s
     start = time.monotonic()
     moved = gate.task_bytes(task)
     timing = env.time_reference(task, floors_path, copy_bytes=moved)
-    if timing.status != "passed" or timing.floors is None:
-        log.info("task %s: no gate (%s)", task.hash[:12], timing.reason or timing.floors_note)
+    if timing.status != "passed" or timing.floors is None or timing.copy_ms is None:
+        log.info("task %s: no gate (%s)", task.hash[:12], timing.reason or timing.floors_note or "no copy timed")
         return None, None
     try:
-        floor = gate.task_floor(moved, gate.task_work(task, precision), gate.Floors.from_json(timing.floors),
-                                rewritable=rewrites.supports(task) is None,
-                                copy_ms=timing.copy_ms["median"] if timing.copy_ms else None)
+        floor = gate.task_floor(timing.copy_ms["median"], gate.task_work(task, precision),
+                                gate.Floors.from_json(timing.floors), rewritable=rewrites.supports(task) is None)
     except Exception as e:  # a floor we cannot compute must not cost the task its search
         log.warning("cuda_agent: no gate for task %s (%s: %s)", task.hash[:12], type(e).__name__, e, exc_info=True)
         return None, None

@@ -119,7 +119,7 @@ def test_kernel_family_from_origin():
 def test_each_subgraph_says_whether_the_gate_skipped_it_and_by_what_ratio():
     """gate_compare counts the skipped tasks; the ratio says why a searched one was not skipped."""
     tasks = collect_tasks(nn.Sequential(nn.ReLU(), nn.Tanh()), [torch.randn(4, 8)], backward=False)
-    floor = gate.Floor(memory_ms=0.008, compute_ms=0.0, launch_ms=0.002, host_ms=0.004)  # 0.010 ms
+    floor = gate.Floor(memory_ms=0.010, compute_ms=0.0, host_ms=0.004)
     at_floor, room = (gate.judge(ms, floor, 1.05, 0.05).to_json() for ms in (0.0105, 0.020))
     decisions = [Decision(tasks[0], None, "Inductor at floor", at_floor), Decision(tasks[0], None, "lost", room),
                  Decision(tasks[0], "key", "kernel", room), Decision(tasks[0], None, "gate off"), Decision(None, None, "")]

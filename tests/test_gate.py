@@ -12,11 +12,7 @@ from agent_backend.options import resolve
 from agent_backend.specs import Task, TensorSpec
 from helpers import collect_tasks
 
-FLOORS = Floors(copy_gbps=4000.0, launch_ms=0.002, host_ms=0.004,
-                peak_tflops={"fp32": 50.0, "tf32": 400.0, "bf16": 800.0, "fp16": 800.0}, l2_bytes=50 * 2**20)
-# An H100 80GB HBM3 with torch 2.11 as its floors were measured on 2026-11-25 (copy rate, the smallest
-# kernel's GPU time, the host time of the cheapest launch, its L2).
-H100 = Floors(copy_gbps=2990.0, launch_ms=0.0036, host_ms=0.006, peak_tflops={"bf16": 700.0}, l2_bytes=50 * 2**20)
+FLOORS = Floors(host_ms=0.004, peak_tflops={"fp32": 50.0, "tf32": 400.0, "bf16": 800.0, "fp16": 800.0})
 STRICT = {"allow_tf32": False, "allow_cudnn_tf32": False, "matmul_precision": "highest",
           "allow_reduced_precision": False}
 
@@ -86,76 +82,39 @@ def test_precisions_follow_the_users_settings(dtype, conv, settings, allowed):
     assert gate.allowed_precisions(dtype, conv, {**STRICT, **settings}) == allowed
 
 
-def test_the_floor_is_a_launch_plus_the_longer_of_memory_and_compute():
-    big = 3 * 4096 * 4096 * 4  # 201 MB: the launch hides behind all but an eighth of it
+def test_the_floor_is_the_longest_of_the_timed_copy_compute_and_the_host():
+    """The copy of the task's bytes, timed beside Inductor's kernel, holds its launch and what the
+    GPU does that day; FLOPs over the fastest allowed peak and the host time of a launch bound it too."""
     mm = [Work("aten.mm.default", 2 * 4096**3, ("fp32", "tf32"))]
-    floor = gate.task_floor(big, mm, FLOORS, rewritable=False)
-    assert floor.memory_ms == pytest.approx(big / 4000e9 * 1e3)
+    floor = gate.task_floor(0.05, mm, FLOORS, rewritable=False)
     assert floor.compute_ms == pytest.approx(2 * 4096**3 / 400e12 * 1e3), "the fastest allowed precision"
-    assert floor.bound == "compute"
-    assert floor.ms == pytest.approx(floor.compute_ms + 0.002 * (25 * 2**20 / big))
-    small = gate.task_floor(12_000_000, [], FLOORS, rewritable=False)  # under half the L2: the whole launch
-    assert (small.bound, small.ms) == ("memory", pytest.approx(0.003 + 0.002))
-    tiny = gate.task_floor(1024, [], FLOORS, rewritable=False)
-    assert (tiny.bound, tiny.ms) == ("host", 0.004)
-    unknown_l2 = dataclasses.replace(FLOORS, l2_bytes=0)
-    assert gate.task_floor(1024, [], unknown_l2, rewritable=False).gpu_ms == 0.002, "never under one launch"
-    assert gate.task_floor(12_000_000, [], unknown_l2, rewritable=False).gpu_ms == pytest.approx(0.003)
+    assert (floor.bound, floor.ms, floor.memory_ms) == ("compute", floor.compute_ms, 0.05)
+    rewritable = gate.task_floor(0.05, mm, FLOORS, rewritable=True)
+    assert (rewritable.bound, rewritable.ms) == ("memory", 0.05) and "rewrite" in rewritable.note
+    assert gate.task_floor(0.0098, [], FLOORS, rewritable=False).bound == "memory"
+    assert (gate.task_floor(0.0021, [], FLOORS, rewritable=False).bound,
+            gate.task_floor(0.0021, [], FLOORS, rewritable=False).ms) == ("host", 0.004)
+    no_peak = gate.task_floor(0.01, [Work("aten.mm.default", 1e12, ("fp64",))], FLOORS, rewritable=False)
+    assert no_peak.compute_ms == 0.0 and "no measured peak" in no_peak.note
 
 
-def test_a_copy_timed_beside_inductor_is_the_memory_floor_with_its_launch():
-    """The gate times a copy of the task's bytes interleaved with Inductor's kernel: it holds the
-    launch and what the GPU does that day, so it stands in for the modelled transfer and launch;
-    compute and the host still bound the floor."""
-    residual = 3 * 8 * 512 * 768 * 2
-    timed = gate.task_floor(residual, [], H100, rewritable=False, copy_ms=0.0098)
-    assert (timed.memory_ms, timed.launch_share, timed.gpu_ms, timed.bound) == (0.0098, 0.0, 0.0098, "memory")
-    assert "a copy of the same bytes" in timed.note
-    assert gate.judge(0.0105, timed, min_speedup=1.05, slack=0.10).skip
-    # a GELU whose Inductor kernel took 1.21x the copy of its bytes is still searched
-    assert not gate.judge(0.1092, gate.task_floor(2 * 8192**2 * 2, [], H100, rewritable=False, copy_ms=0.0903),
-                          min_speedup=1.05, slack=0.10).skip
-    mm = [Work("aten.mm.default", 2 * 4096**3, ("fp32",))]
-    assert gate.task_floor(3 * 4096**2 * 4, mm, FLOORS, rewritable=False, copy_ms=0.05).bound == "compute"
-    assert gate.task_floor(1024, [], FLOORS, rewritable=False, copy_ms=0.0021).bound == "host"
-
-
-@pytest.mark.parametrize("moved, measured_ms", [(0, 0.0036), (25_165_824, 0.01282), (134_217_728, 0.04589),
-                                                (268_435_456, 0.09030)])
-def test_the_floor_stays_under_what_copies_took_on_an_h100(moved, measured_ms):
-    """The smallest kernel and clones of 12.6, 67 and 134 MB (benchmarks/results, 2026-11-25):
-    a floor above any of them could skip a search that a kernel at the copy's speed would win."""
-    floor = gate.task_floor(moved, [], H100, rewritable=False)
-    assert floor.gpu_ms <= measured_ms
-    assert floor.gpu_ms >= 0.85 * measured_ms, "and close to them, or small tasks are searched for nothing"
-
-
-def test_small_tasks_of_a_training_step_are_skipped_and_a_win_is_not():
-    """A bf16 residual add of GPT-2's training step (8 x 512 x 768: two inputs, one output) where
-    Inductor takes 10.5 us: a kernel at the copy rate alone (6.3 us) would have been 1.66x and the
-    search ran; one launch more (9.9 us) it is 1.06x, under the bar. The tenth session's bf16 GELU
-    over 8192 x 8192 (Inductor 109.2 us, ours 99.6 us: a 1.10x win) is still searched."""
-    residual = gate.task_floor(3 * 8 * 512 * 768 * 2, [], H100, rewritable=False)
-    assert gate.judge(0.0105, residual, min_speedup=1.05, slack=0.05).skip
-    gelu = gate.task_floor(2 * 8192 * 8192 * 2, [], H100, rewritable=False)
-    assert not gate.judge(0.1092, gelu, min_speedup=1.05, slack=0.05).skip
-    assert gelu.ms <= 0.0996, "our kernel ran under 1.1x the floor"
-
-
-@pytest.mark.parametrize("ratio, skipped", [(1.080, True), (1.107, True), (1.128, True), (1.140, True),
-                                            (1.169, False), (1.196, False)])
-def test_the_default_bar_against_the_ratios_of_an_h100_run(ratio, skipped):
-    """Inductor's time over the floor for the pointwise tasks of `gpu_session.sh gate` on an H100
-    (2026-11-25): scalar_chain, bias_gelu_mul, scale_shift_tanh and GPT-2's training step (1.14,
-    1.17), where no candidate won a full search, and gelu (1.196), where ours won 1.09-1.10x at
-    1.10x its floor: the default slack is that 10%."""
+@pytest.mark.parametrize("problem, inductor_ms, copy_ms, searched", [
+    ("gelu", 0.1071, 0.0947, True), ("bias_gelu_mul", 0.0751, 0.0740, False),
+    ("scale_shift_tanh", 0.0506, 0.0499, False), ("scalar_chain", 0.0731, 0.0722, False),
+    ("gpt2_train, 8 tasks", 0.0113, 0.0117, False), ("gpt2_train, 1 task", 0.0136, 0.0129, False)])
+def test_the_default_bar_against_an_h100_run(problem, inductor_ms, copy_ms, searched):
+    """Inductor's time and the copy of the task's bytes, timed side by side for the pointwise tasks
+    of `gpu_session.sh gate` and GPT-2's bf16 training step on an H100 (2026-11-25): only gelu
+    (1.13x the copy) has room, and there our kernel beat Inductor by 1.11x at 1.02x the copy. A
+    full search of the others found no candidate above 1.01x."""
     settings = resolve({})
-    floor = Floor(memory_ms=0.1, compute_ms=0.0, launch_ms=0.002, host_ms=0.004, launch_share=0.0)
-    assert gate.judge(0.1 * ratio, floor, settings.min_speedup, settings.gate_slack).skip == skipped
+    floor = gate.task_floor(copy_ms, [], FLOORS, rewritable=False)
+    assert gate.judge(inductor_ms, floor, settings.min_speedup, settings.gate_slack).skip != searched
+    assert 0.0969 <= 0.0947 * (1 + settings.gate_slack), "the slack covers how far above the copy our gelu ran"
 
 
 def test_skips_only_where_a_kernel_at_the_floor_cannot_win():
-    floor = Floor(memory_ms=0.048, compute_ms=0.0, launch_ms=0.002, host_ms=0.004, launch_share=0.0)
+    floor = Floor(memory_ms=0.048, compute_ms=0.0, host_ms=0.004)
     # Inductor at 91% of the copy floor (relu(x + y) * 2 on an H200): 1.099x of the floor.
     near = gate.judge(0.048 * 1.099, floor, min_speedup=1.05, slack=0.05)
     assert near.skip and near.ratio == pytest.approx(1.099) and near.threshold == pytest.approx(1.1025)
@@ -167,7 +126,7 @@ def test_skips_only_where_a_kernel_at_the_floor_cannot_win():
 
 
 def test_a_recorded_verdict_is_judged_again_under_todays_bar():
-    floor = Floor(memory_ms=0.048, compute_ms=0.0, launch_ms=0.002, host_ms=0.004)  # 0.050 ms
+    floor = Floor(memory_ms=0.050, compute_ms=0.0, host_ms=0.004)
     recorded = gate.judge(0.054, floor, min_speedup=1.05, slack=0.05).to_json()
     assert recorded["skipped"] and recorded["bound"] == "memory" and recorded["margin"] == pytest.approx(0.08)
     assert gate.still_skips(recorded, 1.05, 0.05)

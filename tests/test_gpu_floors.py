@@ -15,8 +15,8 @@ H200 = machine_key("NVIDIA H200", "570.124.06", "2.11.0+cu130")
 H100 = machine_key("NVIDIA H100 80GB HBM3", "570.124.06", "2.11.0+cu130")
 
 
-def floors(copy_gbps: float) -> Floors:
-    return Floors(copy_gbps=copy_gbps, launch_ms=0.002, host_ms=0.004, peak_tflops={"fp32": 50.0, "bf16": 700.0})
+def floors(fp32_tflops: float) -> Floors:
+    return Floors(host_ms=0.004, peak_tflops={"fp32": fp32_tflops, "bf16": 700.0})
 
 
 class Measure:
@@ -36,7 +36,7 @@ def test_measured_once_then_read_back(tmp_path):
     assert load_or_measure(path, H200, first) == floors(4000.0) and first.calls == 1
     again = Measure(floors(1.0))
     assert load_or_measure(path, H200, again) == floors(4000.0) and again.calls == 0
-    assert json.loads(path.read_text())["gpus"][H200]["copy_gbps"] == 4000.0
+    assert json.loads(path.read_text())["gpus"][H200]["peak_tflops"]["fp32"] == 4000.0
 
 
 def test_each_gpu_driver_and_torch_has_its_own_record(tmp_path):
@@ -45,8 +45,8 @@ def test_each_gpu_driver_and_torch_has_its_own_record(tmp_path):
     other = Measure(floors(3000.0))
     assert load_or_measure(path, H100, other) == floors(3000.0) and other.calls == 1
     newer_torch = machine_key("NVIDIA H200", "570.124.06", "2.13.0+cu130")
-    assert load_or_measure(path, newer_torch, Measure(floors(4100.0))).copy_gbps == 4100.0
-    assert {read_floors(path, k).copy_gbps for k in (H200, H100, newer_torch)} == {4000.0, 3000.0, 4100.0}
+    assert load_or_measure(path, newer_torch, Measure(floors(4100.0))).peak_tflops["fp32"] == 4100.0
+    assert {read_floors(path, k).peak_tflops["fp32"] for k in (H200, H100, newer_torch)} == {4000.0, 3000.0, 4100.0}
 
 
 def test_a_record_written_by_another_process_while_we_measured_is_kept(tmp_path):
@@ -55,25 +55,26 @@ def test_a_record_written_by_another_process_while_we_measured_is_kept(tmp_path)
     def measure_while_another_writes() -> Floors:
         load_or_measure(path, H200, Measure(floors(4000.0)))  # the other process finishes first
         return floors(3900.0)
-    assert load_or_measure(path, H200, measure_while_another_writes).copy_gbps == 4000.0
-    assert read_floors(path, H200).copy_gbps == 4000.0
+    assert load_or_measure(path, H200, measure_while_another_writes).peak_tflops["fp32"] == 4000.0
+    assert read_floors(path, H200).peak_tflops["fp32"] == 4000.0
 
 
 def test_a_damaged_file_is_measured_over(tmp_path):
     path = tmp_path / FILE_NAME
     for text in ("{not json", json.dumps({"format_version": 0, "gpus": {H200: floors(1.0).to_json()}}),
-                 json.dumps({"format_version": 1, "gpus": {H200: {"copy_gbps": 1.0}}})):
+                 json.dumps({"format_version": 2, "gpus": {H200: {"copy_gbps": 1.0, "launch_ms": 0.002, "host_ms": 0.004,
+                                                                 "peak_tflops": {}, "l2_bytes": 0}}})):
         path.write_text(text)
         measure = Measure(floors(4000.0))
-        assert load_or_measure(path, H200, measure).copy_gbps == 4000.0 and measure.calls == 1
-        assert read_floors(path, H200).copy_gbps == 4000.0
+        assert load_or_measure(path, H200, measure).peak_tflops["fp32"] == 4000.0 and measure.calls == 1
+        assert read_floors(path, H200).peak_tflops["fp32"] == 4000.0
 
 
 def test_an_unwritable_place_costs_a_measurement_not_an_error(tmp_path, caplog):
     not_a_directory = tmp_path / "a-file"
     not_a_directory.write_text("")
     measure = Measure(floors(4000.0))
-    assert load_or_measure(not_a_directory / FILE_NAME, H200, measure).copy_gbps == 4000.0
+    assert load_or_measure(not_a_directory / FILE_NAME, H200, measure).peak_tflops["fp32"] == 4000.0
     assert "could not record the GPU's floors" in caplog.text
 
 
@@ -96,17 +97,12 @@ def test_floors_are_measured_in_the_worker_and_recorded(tmp_path):
     assert copy["trials"] == timing.inductor_ms["trials"] and copy["median"] >= moved / 20000e9 * 1e3
     assert timing.inductor_ms["median"] > 0.9 * copy["median"], (timing.inductor_ms, copy)
     measured = Floors.from_json(timing.floors)
-    assert 100 < measured.copy_gbps < 20000
     assert set(measured.peak_tflops) == {"fp32", "tf32", "bf16", "fp16"}
     assert measured.peak_tflops["bf16"] > measured.peak_tflops["fp32"]
-    assert 0 < measured.launch_ms < 0.1 and 0 < measured.host_ms < 1.0
-    assert measured.l2_bytes == torch.cuda.get_device_properties(0).L2_cache_size > 0
+    assert 0 < measured.host_ms < 1.0
     key = gpu_key(0)
     assert key.startswith(torch.cuda.get_device_name(0)) and key.endswith(f"torch {torch.__version__}")
     assert read_floors(path, key) == measured
-    # Inductor's add+relu moves three 64 MiB tensors: it cannot run much faster than the copy rate.
-    memory_floor_ms = 3 * 4096 * 4096 * 4 / (measured.copy_gbps * 1e9) * 1e3
-    assert timing.inductor_ms["median"] > 0.9 * memory_floor_ms, (timing.inductor_ms, memory_floor_ms)
     # A new worker (a new process, say) reads the record instead of measuring again.
     before = path.stat().st_mtime_ns
     with Environment(["cuda:0"], Timeouts(compile_s=300, profile_s=300)) as env:

@@ -8,7 +8,7 @@ from agent_backend.options import OPTIONS, OptionError, options_help, resolve
 def test_defaults():
     s = resolve({}, environ={})
     assert s.mode == "background" and s.min_speedup == 1.05 and s.allow_reduced_precision is False
-    assert (s.gate, s.gate_slack, s.background_share) == (True, 0.10, 0.5)
+    assert (s.gate, s.gate_slack, s.background_share) == (True, 0.03, 0.5)
 
 
 def test_unknown_key_names_valid_keys():

@@ -2,8 +2,10 @@
 file under the kernel cache root, one record per GPU (name and SM count: MIG slices share a
 name), driver and torch version.
 
-Each figure is the best of its trials (the fastest copy, the highest FLOP rate, the shortest
+Each figure is the best of its trials (the highest FLOP rate, the shortest host time of a
 launch), so floors err low: a floor too low only lets a search run that could have been skipped.
+A task's memory floor is no machine figure: the gate times a copy of its bytes (`copy_call`)
+beside Inductor's kernel.
 Timing is the profiler's (env/profile.py CudaTimer: L2 flushed, host launch hidden, events).
 """
 from __future__ import annotations
@@ -23,9 +25,8 @@ from agent_backend.gate import PRECISIONS, Floors
 log = logging.getLogger("cuda_agent")
 
 FILE_NAME = "gpu_floors.json"
-FORMAT_VERSION = 2  # 2: the L2's size (gate.Floors.l2_bytes)
+FORMAT_VERSION = 3  # 3: no copy rate, launch time or L2 size (a copy is timed beside each task)
 _LOCK_TIMEOUT_S = 10.0
-_COPY_BYTES = 256 * 2**20
 _MATMUL_SIZES = (4096, 8192)
 _TRIALS = 10
 
@@ -124,12 +125,6 @@ def copy_call(moved: int, device) -> Callable[..., object]:
     return lambda *_: dst.copy_(src)
 
 
-def _copy_gbps(timer, device, free_bytes: int) -> float:
-    n = min(_COPY_BYTES, free_bytes // 8)
-    ms, _ = _best(timer, copy_call(2 * n, device))
-    return 2 * n / (ms * 1e-3) / 1e9
-
-
 def _peak_tflops(timer, device, free_bytes: int, precision_context) -> dict[str, float]:
     import torch
     settings = {"fp32": ("float32", {}), "tf32": ("float32", {"allow_tf32": True}),
@@ -166,18 +161,15 @@ def _fast_launch_host_ms(timer) -> float | None:
 
 
 def measure_floors(device, timer, precision_context) -> Floors:
-    """Measure this worker's GPU: a large copy, a large matmul per precision, the smallest
-    launch; and read its L2's size. `timer` is the profiler's (env/profile.py CudaTimer); `precision_context(settings)`
+    """Measure this worker's GPU: a large matmul per precision and the host time of the cheapest
+    launch. `timer` is the profiler's (env/profile.py CudaTimer); `precision_context(settings)`
     runs a block under precision settings (env/guards.py)."""
     import torch
     free_bytes, _ = torch.cuda.mem_get_info(device)
     with torch.no_grad():
-        copy_gbps = _copy_gbps(timer, device, free_bytes)
         peaks = _peak_tflops(timer, device, free_bytes, precision_context)
         one = torch.zeros(1, device=device)
-        launch_ms, host_ms = _best(timer, lambda: one.add_(1))
+        _, host_ms = _best(timer, lambda: one.add_(1))
         fast_host_ms = _fast_launch_host_ms(timer)
     torch.cuda.empty_cache()
-    return Floors(copy_gbps=copy_gbps, launch_ms=launch_ms,
-                  host_ms=min(host_ms, fast_host_ms) if fast_host_ms is not None else host_ms, peak_tflops=peaks,
-                  l2_bytes=int(getattr(torch.cuda.get_device_properties(device), "L2_cache_size", 0)))
+    return Floors(host_ms=min(host_ms, fast_host_ms) if fast_host_ms is not None else host_ms, peak_tflops=peaks)
