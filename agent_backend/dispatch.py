@@ -133,7 +133,7 @@ class Dispatcher:
         if lookup is not None and (no_search or not self.search_again(lookup.entry)):
             entry = lookup.entry
             if entry.outcome != "kernel":
-                return Decision(task, None, f"cached: {entry.reason}", entry.timings.get("gate"))
+                return Decision(task, None, f"cached: {entry.reason}", **_recorded(entry))
             if lookup.trusted:
                 self.cache.touch(key)
                 return self._dispatch(task, key.digest, entry)
@@ -168,7 +168,7 @@ class Dispatcher:
     def _decision(self, task: Task, digest: str, entry) -> Decision:
         if entry.outcome == "kernel":
             return self._dispatch(task, digest, entry)
-        return Decision(task, None, entry.reason, entry.timings.get("gate"))
+        return Decision(task, None, entry.reason, **_recorded(entry))
 
     def _why_no_search(self, device: str) -> str | None:
         if device != "cuda":
@@ -303,9 +303,9 @@ class Dispatcher:
         if needs_context(entry.timings):
             return Decision(task, key, f"kernel {entry.origin} ({entry.timings['speedup_vs_inductor']:.2f}x Inductor "
                                        f"on the GPU; {speedup:.2f}x counting its launch)",
-                            entry.timings.get("gate"), speedup, needs_context=True)
+                            speedup=speedup, needs_context=True, **_recorded(entry))
         return Decision(task, key, f"kernel {entry.origin}" + (f" ({speedup:.2f}x Inductor)" if speedup else ""),
-                        entry.timings.get("gate"), speedup)
+                        speedup=speedup, **_recorded(entry))
 
     def confirm_in_context(self, graph, won: list) -> list:
         """The in-context check (in_context.py) of a graph whose subgraphs `won` (group, decision):
@@ -371,6 +371,12 @@ class Dispatcher:
             log.warning("cuda_agent: the in-context check of graph %s failed (%s: %s); its kernels are dropped",
                         check.before.hash[:12], timing.status, timing.reason)
         return in_context.entry_of(check, timing)
+
+
+def _recorded(entry) -> dict:
+    """What a cache entry keeps of how its task was decided, for the Decision: the gate's numbers
+    and each candidate tried."""
+    return {"gate": entry.timings.get("gate"), "tried": entry.timings.get("candidates", [])}
 
 
 def _launch_spec(entry, key: str):

@@ -25,7 +25,8 @@ class Decision:
     `gate`: the gate's numbers where it timed the task (gate.Verdict.to_json); `speedup`: the
     winner's over Inductor, timed alone; `needs_context`: the winner runs only where the
     in-context check measured its graph faster with it (env.results.needs_context); `inlined`:
-    the winner went into the graph as its ATen ops (inline.py), so it is never called."""
+    the winner went into the graph as its ATen ops (inline.py), so it is never called; `tried`:
+    each candidate of the search that decided it, in order (search.tried)."""
 
     task: Task | None
     winner_key: str | None
@@ -34,6 +35,7 @@ class Decision:
     speedup: float | None = None
     needs_context: bool = False
     inlined: bool = False
+    tried: list = field(default_factory=list)
 
 
 # The in-context check's on one winner: keep it?, and what it found ("": nothing to say), or

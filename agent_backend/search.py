@@ -22,6 +22,15 @@ def _median_ms(ev, who: str) -> float:
     return ev.profile[f"{who}_ms"]["median"]
 
 
+def tried(cand: Candidate, ev: Evaluation) -> dict:
+    """One candidate's result as the cache keeps it (timings["candidates"]): what it was, its
+    verdict, and the speedup the choice is made on (counted, with its launch), or why it failed."""
+    speedup = ev.profile.get("counted_speedup") if ev.profile else None
+    return {"origin": cand.origin, "status": ev.status,
+            **({"speedup": round(speedup, 3)} if speedup is not None else {}),
+            **({"reason": ev.reason[:160]} if ev.status != "passed" else {})}
+
+
 def _phase_totals(evaluations) -> dict[str, float]:
     """Seconds spent per worker phase over all candidates: where a search's time went."""
     totals: dict[str, float] = {}
@@ -106,6 +115,7 @@ def search_task(task: Task, env, policy, *, budget_s: float, max_candidates: int
     feedback: list = []
     evaluated = 0
     best = None
+    candidates_tried: list[dict] = []  # tried() of each candidate, in order
     why_not = policy.why_not(task)
     while evaluated < max_candidates and time.monotonic() - start < budget_s:
         candidates = policy.propose(task, feedback)[: max_candidates - evaluated]
@@ -121,6 +131,7 @@ def search_task(task: Task, env, policy, *, budget_s: float, max_candidates: int
             record(candidates, results)
         for cand, ev in zip(candidates, results):
             evaluated += 1
+            candidates_tried.append(tried(cand, ev))
             log.info("  %s: %s%s", cand.origin, ev.status,
                      f" {_median_ms(ev, 'ours'):.4f} ms, {ev.profile['speedup_vs_inductor'] or 0:.2f}x Inductor"
                      if ev.status == "passed" and ev.profile else f" ({ev.reason})")
@@ -136,11 +147,12 @@ def search_task(task: Task, env, policy, *, budget_s: float, max_candidates: int
             statuses = sorted({f"{ev.status}: {ev.reason}" for ev in feedback})
             reason = f"no candidate of {evaluated} passed ({'; '.join(statuses)[:300]})"
         return Entry(outcome="failed", reason=reason, source=None, origin=policy.name, binaries={},
-                     launch={}, timings={"search_s": elapsed, "evaluated": evaluated,
-                                                             "phase_s": _phase_totals(feedback)}, verification={},
+                     launch={}, timings={"search_s": elapsed, "evaluated": evaluated, "candidates": candidates_tried,
+                                         "phase_s": _phase_totals(feedback)}, verification={},
                      provenance=provenance, task=task.to_json())
     cand, ev = best
-    timings = dict(ev.profile, search_s=elapsed, evaluated=evaluated, phase_s=_phase_totals(feedback))
+    timings = dict(ev.profile, search_s=elapsed, evaluated=evaluated, candidates=candidates_tried,
+                   phase_s=_phase_totals(feedback))
     outcome, reason = outcome_of(ev.profile, cand.origin)
     return Entry(outcome=outcome, reason=reason, source=cand.source if outcome == "kernel" else None,
                  origin=cand.origin, binaries={}, launch=dict(cand.params), timings=timings,

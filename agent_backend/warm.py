@@ -58,12 +58,20 @@ def format_gate(record: dict) -> str:
             f"margin {record['margin']:.1%}, bar {record['threshold']:.3f}x: {verdict}")
 
 
+def format_tried(tried: list[dict]) -> str:
+    """The candidates a search tried, on one line: each with its speedup over Inductor (counted
+    with its launch) or its verdict."""
+    return "tried: " + ", ".join(
+        f"{t['origin'].removeprefix('builtin:')} " + (f"{t['speedup']:.2f}x" if "speedup" in t else t["status"])
+        for t in tried)
+
+
 def format_decisions(decisions: list[Decision]) -> str:
     lines = []
     for d in decisions:
         lines.append(f"{d.task.hash[:16]}  {d.task.kind:<9} {outcome(d):<8}  {d.reason}")
-        if d.gate:
-            lines.append(f"{'':16}  {'':9} {'':8}  {format_gate(d.gate)}")
+        for detail in ([format_gate(d.gate)] if d.gate else []) + ([format_tried(d.tried)] if d.tried else []):
+            lines.append(f"{'':16}  {'':9} {'':8}  {detail}")
     won = sum(1 for d in decisions if d.winner_key)
     gated = sum(1 for d in decisions if d.gate and d.gate["skipped"])
     lost = sum(1 for d in decisions if d.reason.startswith("lost in context"))
@@ -77,7 +85,8 @@ def format_decisions(decisions: list[Decision]) -> str:
 
 def decisions_to_json(decisions: list[Decision]) -> list[dict]:
     return [{"hash": d.task.hash, "kind": d.task.kind, "ops": list(d.task.ops), "outcome": outcome(d),
-             "reason": d.reason, "device": d.task.outputs[0].device, "gate": d.gate} for d in decisions]
+             "reason": d.reason, "device": d.task.outputs[0].device, "gate": d.gate, "tried": d.tried}
+            for d in decisions]
 
 
 def run_warm_or_report(command: str, spec: str, option_pairs: list[str], as_json: bool, backward: bool) -> int:

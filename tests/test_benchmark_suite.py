@@ -116,18 +116,23 @@ def test_kernel_family_from_origin():
     assert kernels.family("llm") == "llm"
 
 
-def test_each_subgraph_says_whether_the_gate_skipped_it_and_by_what_ratio():
-    """gate_compare counts the skipped tasks; the ratio says why a searched one was not skipped."""
+def test_each_subgraph_says_whether_the_gate_skipped_it_by_what_ratio_and_what_its_search_tried():
+    """gate_compare counts the skipped tasks; the ratio says why a searched one was not skipped;
+    the candidates tried say which kernel a search chose over which."""
     tasks = collect_tasks(nn.Sequential(nn.ReLU(), nn.Tanh()), [torch.randn(4, 8)], backward=False)
     floor = gate.Floor(memory_ms=0.010, compute_ms=0.0, host_ms=0.004)
     at_floor, room = (gate.judge(ms, floor, 1.05, 0.05).to_json() for ms in (0.0105, 0.020))
+    tried = [{"origin": "builtin:rows:t1024r1v8c8", "status": "passed", "speedup": 0.99},
+             {"origin": "builtin:rows:t256r1v8sg32", "status": "passed", "speedup": 1.42}]
     decisions = [Decision(tasks[0], None, "Inductor at floor", at_floor), Decision(tasks[0], None, "lost", room),
-                 Decision(tasks[0], "key", "kernel", room), Decision(tasks[0], None, "gate off"), Decision(None, None, "")]
+                 Decision(tasks[0], "key", "kernel", room, tried=tried), Decision(tasks[0], None, "gate off"),
+                 Decision(None, None, "")]
     summary = kernels.subgraph_summary(decisions)
     assert summary["tasks"] == 4 and summary["ours"] == 1
     assert [(t["gated"], t["ours"], t["gate_ratio"]) for t in summary["each"]] == [
         (True, False, pytest.approx(1.05)), (False, False, pytest.approx(2.0)), (False, True, pytest.approx(2.0)),
         (False, False, None)]
+    assert [t["tried"] for t in summary["each"]] == [[], [], tried, []]
 
 
 def test_output_names_and_gpu_short_names(tmp_path):

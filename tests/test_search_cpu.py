@@ -33,6 +33,11 @@ def test_keeps_a_verified_candidate_and_records_evidence(env):
     assert entry.outcome == "inductor" and entry.reason.startswith(("Inductor wins", "not timed"))
     assert entry.source is None, "a loser's source is not kept"
     assert entry.timings["evaluated"] == 2 and entry.timings["ours_ms"]["trials"] > 0
+    # each candidate, in order: the wrong one with why, the good one with its speedup
+    first, second = entry.timings["candidates"]
+    assert (first["origin"], second["origin"]) == (wrong.origin, good.origin)
+    assert first["status"] == "incorrect" and first["reason"] and "speedup" not in first
+    assert second["status"] == "passed" and second["speedup"] > 0 and "reason" not in second
     # Where the search's time went, summed over both candidates (the wrong one is not profiled).
     assert {"load", "verify", "profile"} <= set(entry.timings["phase_s"])
     assert sum(entry.timings["phase_s"].values()) <= entry.timings["search_s"]
@@ -44,6 +49,8 @@ def test_keeps_a_verified_candidate_and_records_evidence(env):
 def test_failed_search_says_why(env):
     entry = search_task(TASK, env, ListPolicy([make_candidate("return a")]), budget_s=600, max_candidates=8)
     assert entry.outcome == "failed" and entry.reason.startswith("no candidate of 1 passed")
+    tried = entry.timings["candidates"]
+    assert [t["status"] for t in tried] == ["rejected"] and tried[0]["reason"] in entry.reason
     nothing = search_task(TASK, env, ListPolicy([], why_not="no template for this"), budget_s=600,
                           max_candidates=8)
     assert nothing.outcome == "failed" and nothing.reason == "no template for this"

@@ -128,3 +128,17 @@ def test_report_shows_the_gates_numbers(model_file, cache_dir, capsys):
     code, out = _run(capsys, "report", f"{model_file}:make", "--no-backward", "--json")
     (decision,) = json.loads(out)
     assert decision["gate"] == verdict.to_json()
+
+
+def test_report_shows_what_the_search_tried(model_file, cache_dir, capsys):
+    model, inputs = load_factory(f"{model_file}:make")()
+    (task,) = collect_tasks(model, list(inputs), backward=False, min_ops=2)
+    tried = [{"origin": "builtin:pointwise:b256u2v8", "status": "passed", "speedup": 0.987},
+             {"origin": "builtin:pointwise:b128u1v8", "status": "incorrect", "reason": "out of tolerance"}]
+    put_cached_entry(task, outcome="inductor", reason="Inductor wins: best candidate 0.99x of Inductor's speed",
+                     timings={"candidates": tried})
+    code, out = _run(capsys, "report", f"{model_file}:make", "--no-backward")
+    assert code == 0 and "tried: pointwise:b256u2v8 0.99x, pointwise:b128u1v8 incorrect" in out, out
+    code, out = _run(capsys, "report", f"{model_file}:make", "--no-backward", "--json")
+    (decision,) = json.loads(out)
+    assert decision["tried"] == tried

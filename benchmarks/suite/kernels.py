@@ -42,7 +42,8 @@ def subgraph_summary(decisions: list[Decision]) -> dict:
     """How many subgraphs the backend made tasks of, how many it gave our kernels, why the rest
     stayed with Inductor (commonest reason first), and for each task whether our kernel runs it
     and whether the gate skipped its search (for gate_compare), with the gate's ratio where it
-    timed the task (Inductor's time over the floor: what a kernel at the floor would have been)."""
+    timed the task (Inductor's time over the floor: what a kernel at the floor would have been)
+    and the candidates its search tried (search.tried)."""
     tasks = [d for d in decisions if d.task is not None]
     reasons: dict[str, int] = {}
     for d in tasks:
@@ -53,4 +54,4 @@ def subgraph_summary(decisions: list[Decision]) -> dict:
             "left_to_inductor": [{"reason": r, "count": n} for r, n in ordered],
             "each": [{"hash": d.task.hash[:16], "kind": d.task.kind, "ours": bool(d.winner_key),
                       "gated": bool(d.gate and d.gate.get("skipped")),
-                      "gate_ratio": d.gate.get("ratio") if d.gate else None} for d in tasks]}
+                      "gate_ratio": d.gate.get("ratio") if d.gate else None, "tried": d.tried} for d in tasks]}
