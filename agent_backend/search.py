@@ -53,7 +53,8 @@ def gate_task(task: Task, env, policy, *, precision: dict, min_speedup: float, s
     """Time Inductor's kernel for `task` and set it against the task's floor on that GPU
     (gate.py). Returns the entry to cache where no kernel could beat Inductor by `min_speedup`
     (outcome "inductor", reason "Inductor at floor: ..."), else None; and the gate's numbers
-    (None where Inductor could not be timed or the GPU has no floors: the search decides)."""
+    (None where Inductor could not be timed, the GPU has no floors or no copy of the task's bytes
+    was timed beside it, as where it would not fit in memory: the search decides)."""
     from skills import rewrites
 
     start = time.monotonic()

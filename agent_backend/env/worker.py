@@ -189,8 +189,11 @@ class Worker:
                     "reason": state.inductor_error or "Inductor's reference is not compiled in this worker"}
         input_sets = self._input_sets(task, new_seed())
         contenders = {"inductor": state.compiled}
-        if request.get("copy_bytes") and self.device.type == "cuda":
-            contenders["copy"] = copy_call(request["copy_bytes"], self.device)
+        copy_bytes = request.get("copy_bytes")
+        # where the copy's two buffers would take more than half the free memory (a model's logits),
+        # no copy: no gate, rather than a worker lost to running out of memory
+        if copy_bytes and self.device.type == "cuda" and copy_bytes <= torch.cuda.mem_get_info(self.device)[0] // 2:
+            contenders["copy"] = copy_call(copy_bytes, self.device)
         with precision_context(self.switches, request["precision"]), torch.no_grad():
             timer = make_timer(self.device, self.cycles_per_ms)
             stats, _ = time_contenders(contenders, input_sets, timer)
