@@ -16,6 +16,7 @@ from typing import Callable
 
 import torch
 
+from agent_backend.env.floors import copy_call
 from agent_backend.env.profile import CpuTimer, CudaTimer, Timing, make_timer, summarize
 from agent_backend.env.verify import sleep_cycles_per_ms
 
@@ -44,8 +45,6 @@ def time_interleaved(contenders: dict[str, Callable[[], object]], rounds: int, c
 def copy_bytes_per_s(device: str, nbytes: int) -> float:
     """A large device-to-device copy's rate, counting bytes read plus bytes written (the unit a
     problem's floor_bytes is in): median of 20 copies."""
-    src = torch.empty(nbytes, dtype=torch.uint8, device=device)
-    dst = torch.empty_like(src)
-    copy = lambda: dst.copy_(src)  # noqa: E731
+    copy = copy_call(2 * nbytes, device)  # the gate's copy: a memcpy of nbytes
     ms = time_interleaved({"copy": copy}, rounds=1, calls=20, device=device, warmup=3)["copy"]["median"]
     return 2 * nbytes / (ms * 1e-3)
