@@ -16,6 +16,10 @@
 #   benchmarks/gpu_session.sh level1 [NAME..]  # the level-1 problems (all, or those named), in $DTYPES (fp32
 #                                            # bf16; all 20 took about 330 s a dtype at 10 x 5 calls: one dtype a
 #                                            # call), searched (mode=search), then timed interleaved: issue 8's geomean
+#   benchmarks/gpu_session.sh compile [NAME..]  # first compiles in fresh processes (benchmarks/compile_time.py),
+#                                            # ours (mode=background) against Inductor, empty caches, then warm
+#                                            # ones after a priming run (up to 3 x 150 s of background work);
+#                                            # one model a call: GPT-2's took 4 minutes, a training step's 5-6
 #   benchmarks/gpu_session.sh gate [NAME..]  # pointwise-heavy problems with the gate and with gate=false,
 #                                            # then the two side by side (benchmarks/suite/gate_compare.py)
 #   benchmarks/gpu_session.sh dispatch       # host cost per call of the launch op and of run_winner, a tiny
@@ -31,7 +35,7 @@
 # H100 machine, 2026-11-23) costs that file only, and its exit status is recorded.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-phase=${1:?"usage: $0 tests|in-context|transformers|models|level1|gate|dispatch|columns|flush"}
+phase=${1:?"usage: $0 tests|in-context|transformers|models|level1|compile|gate|dispatch|columns|flush"}
 out=${OUT:-benchmarks/results/session-$(date +%F)}
 mkdir -p "$out"
 gpu=$(python3 -c "import torch; print(torch.cuda.get_device_name(0))" 2>/dev/null || echo "no GPU")
@@ -85,6 +89,11 @@ case "$phase" in
       -o mode=search -o search_budget_s=30 >>"$out/level1.log" 2>&1
     tail -n 40 "$out/level1.log"
     ;;
+  compile)
+    shift
+    python3 -m benchmarks.compile_time --only ${*:-gpt2} --rounds 2 --warm-rounds 2 --settle 150 \
+      -o background_share=1.0 --out "$out/compile_time.json" 2>"$out/compile_time.log" | tail -n 12
+    ;;
   gate)
     shift
     names=${*:-gelu bias_gelu_mul scale_shift_tanh scalar_chain swiglu residual_layernorm layernorm_gelu \
@@ -119,7 +128,7 @@ case "$phase" in
     python3 benchmarks/flush_effect.py --out "$out/flush_effect.json"
     ;;
   *)
-    echo "unknown phase $phase: tests, in-context, transformers, models, level1, gate, dispatch, columns or flush" >&2
+    echo "unknown phase $phase: tests, in-context, transformers, models, level1, compile, gate, dispatch, columns or flush" >&2
     exit 2
     ;;
 esac
