@@ -100,6 +100,10 @@ class WorkerHandle:
         self.conn = None
         self.ready = False
         self.closed = False  # set when its environment closes: a request in flight then starts no new worker
+        # Seconds requests waited for this worker to start, by part, since the last take_start_s():
+        # "worker_start:<part>" as the worker timed its own start-up, "worker_start:process" the
+        # rest (the process's start and imports); the parts add up to the whole wait.
+        self.start_s: dict[str, float] = {}
 
     def start(self) -> None:
         if self.closed:
@@ -177,7 +181,11 @@ class WorkerHandle:
         if self.process is None:
             self.start()
         if not self.ready:
+            waited = time.monotonic()
             reply = self._receive(start_s, "the worker's start-up")
+            parts = {} if reply.failure else reply.data.get("start_s", {})
+            self._add_start_s({"worker_start:process": time.monotonic() - waited - sum(parts.values()),
+                               **{f"worker_start:{part}": seconds for part, seconds in parts.items()}})
             if reply.failure:
                 return reply
             self.ready = True
@@ -188,6 +196,16 @@ class WorkerHandle:
             self.restart()
             return self.request(message, timeout_s, phase, start_s)
         return self._receive(timeout_s, phase)
+
+
+    def _add_start_s(self, parts: dict[str, float]) -> None:
+        for part, seconds in parts.items():
+            self.start_s[part] = self.start_s.get(part, 0.0) + seconds
+
+    def take_start_s(self) -> dict[str, float]:
+        """The start-up seconds waited since the last call (a restart mid-request included)."""
+        taken, self.start_s = self.start_s, {}
+        return taken
 
 
 def _kill_all(handles: list[WorkerHandle], log_dir: str) -> None:
@@ -297,9 +315,15 @@ class _Evaluation:
         self.phase_s: dict[str, float] = {}
 
     def _call(self, message: dict, timeout_s: float, phase: str) -> Reply:
+        """One request; its seconds go to phase_s under its op, less any wait for the worker to
+        start, which goes under "worker_start:<part>" (WorkerHandle.start_s)."""
         started = time.monotonic()
+        self.handle.take_start_s()  # one an in-context check's request waited for: not this evaluation's
         reply = self.handle.request(message, timeout_s, phase, self.env.timeouts.start_s)
-        self.phase_s[message["op"]] = time.monotonic() - started
+        waited = self.handle.take_start_s()
+        self.phase_s[message["op"]] = time.monotonic() - started - sum(waited.values())
+        for part, seconds in waited.items():
+            self.phase_s[part] = self.phase_s.get(part, 0.0) + seconds
         if reply.failure:  # the handle has already replaced the worker
             self.restarted = True
         elif reply.data.get("restart"):  # the worker answered, but cannot be used any more

@@ -29,7 +29,10 @@ class Evaluation:
     """The verdict on one candidate. Only status == "passed" means correct; `profile` is set
     only for a passed candidate evaluated with profiling, and `profile["wins"]` says whether it
     beat Inductor by more than `profile["min_speedup"]`. `phase_s` holds the caller's wall time
-    per worker request ("prepare", "load", "verify", "profile"), worker restarts included."""
+    per worker request ("prepare", "load", "verify", "profile"), less any wait for the worker to
+    start, which is split into the parts the worker timed ("worker_start:torch", ":cuda_context",
+    ":launch_op", ":sleep_calibration") and the rest ("worker_start:process": its process's start
+    and imports). The phases add up to the caller's time in requests."""
 
     status: str
     reason: str = ""

@@ -78,18 +78,30 @@ def _settle_torch() -> None:
 
 class Worker:
     def __init__(self, device: str):
+        self.start_s: dict[str, float] = {}  # seconds of each part of the start-up (sent with "ready")
+        clock = time.monotonic()
+
+        def part(name: str) -> None:
+            nonlocal clock
+            now = time.monotonic()
+            self.start_s[name] = round(now - clock, 3)
+            clock = now
         _settle_torch()
+        part("torch")
         self.device = torch.device(device)
         self.cycles_per_ms = 0.0
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)
             torch.ones(1, device=self.device).add_(1).item()  # create the context now, not in a timed phase
+            part("cuda_context")
             try:
                 launch_op.native()  # built (once) here, not in a candidate's compile phase
                 importlib.import_module("agent_backend.env.graph_launch")  # what a profile calls: watched from now
             except Exception as exc:  # launch-spec candidates then fail to load, saying why
                 print(f"cuda_agent worker: the launch op does not build: {exc}", file=sys.stderr)
+            part("launch_op")
             self.cycles_per_ms = sleep_cycles_per_ms(self.device)
+            part("sleep_calibration")
         self.switches = GlobalSwitches(self.device.type)
         self.tasks: OrderedDict[str, TaskState] = OrderedDict()
         self.loaded: Loaded | None = None
@@ -345,7 +357,7 @@ def main() -> None:
     faulthandler.enable()
     threading.Thread(target=_exit_when_orphaned, args=(parent_pid,), daemon=True, name="orphan-watch").start()
     worker = Worker(device)
-    _send(conn, {"ready": True, "pid": os.getpid()})
+    _send(conn, {"ready": True, "pid": os.getpid(), "start_s": worker.start_s})
     while True:
         try:
             request = json.loads(conn.recv_bytes())
