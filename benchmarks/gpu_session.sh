@@ -16,6 +16,8 @@
 #   benchmarks/gpu_session.sh level1 [NAME..]  # the level-1 problems (all, or those named), in $DTYPES (fp32
 #                                            # bf16; all 20 took about 330 s a dtype at 10 x 5 calls: one dtype a
 #                                            # call), searched (mode=search), then timed interleaved: issue 8's geomean
+#   benchmarks/gpu_session.sh level2 [NAME..]  # the level-2 problems (groups $GROUPS: fusion rewrites), as level1
+#                                            # does; 31 problems a dtype will not fit one call: name some
 #   benchmarks/gpu_session.sh compile [NAME..]  # first compiles in fresh processes (benchmarks/compile_time.py),
 #                                            # ours (mode=background) against Inductor, empty caches, then warm
 #                                            # ones after a priming run (up to 3 x 150 s of background work);
@@ -35,7 +37,7 @@
 # H100 machine, 2026-11-23) costs that file only, and its exit status is recorded.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-phase=${1:?"usage: $0 tests|in-context|transformers|models|level1|compile|gate|dispatch|columns|flush"}
+phase=${1:?"usage: $0 tests|in-context|transformers|models|level1|level2|compile|gate|dispatch|columns|flush"}
 out=${OUT:-benchmarks/results/session-$(date +%F)}
 mkdir -p "$out"
 gpu=$(python3 -c "import torch; print(torch.cuda.get_device_name(0))" 2>/dev/null || echo "no GPU")
@@ -89,6 +91,13 @@ case "$phase" in
       -o mode=search -o search_budget_s=30 >>"$out/level1.log" 2>&1
     tail -n 40 "$out/level1.log"
     ;;
+  level2)
+    header "level 2" >"$out/level2.log"
+    shift
+    python3 -m benchmarks.suite --level 2 --group ${GROUPS:-fusion rewrites} ${*:+--only $*} --dtype ${DTYPES:-fp32 bf16} \
+      --rounds 30 --calls 5 --out "$out" -o mode=search -o search_budget_s=30 >>"$out/level2.log" 2>&1
+    tail -n 40 "$out/level2.log"
+    ;;
   compile)
     shift
     python3 -m benchmarks.compile_time --only ${*:-gpt2} --rounds 2 --warm-rounds 2 --settle 150 \
@@ -128,7 +137,7 @@ case "$phase" in
     python3 benchmarks/flush_effect.py --out "$out/flush_effect.json"
     ;;
   *)
-    echo "unknown phase $phase: tests, in-context, transformers, models, level1, compile, gate, dispatch, columns or flush" >&2
+    echo "unknown phase $phase: tests, in-context, transformers, models, level1, level2, compile, gate, dispatch, columns or flush" >&2
     exit 2
     ;;
 esac
