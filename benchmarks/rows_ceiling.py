@@ -3,7 +3,11 @@ proposes, Inductor, eager, and plain kernels over the same bytes (a clone: a cop
 whole tensor: a read; a one-element add: the smallest kernel), timed in interleaved rounds with
 the worker's own timer (env/profile.CudaTimer: L2 write flush, the host's launch hidden).
 
-    python benchmarks/rows_ceiling.py [lse] [sum] [softmax]   # default: all three, bf16 then fp32
+    python benchmarks/rows_ceiling.py [lse] [sum] [softmax] [softmax_long]   # default: all, bf16 then fp32
+
+softmax_long (16 x 393216) also times launch shapes the template does not propose (UNPROPOSED):
+a row split over fewer blocks of a cooperative grid, each holding its slice in up to 196 KB of
+shared memory, so that fp32 rows, which fit no proposed split, get one (probe before proposing).
 
 On an H100 (2026-11-25, benchmarks/results/rows_probe-*-thirteenth.txt) a read-only reduction took
 about as long as a clone of its input, and the smallest kernel 3.6 us: the bytes over the copy rate
@@ -25,24 +29,45 @@ from agent_backend.explain import tasks_of, trace_tasks  # noqa: E402
 from agent_backend.task import load_program  # noqa: E402
 from pointwise import Fn, copy_bandwidth_gbs  # noqa: E402
 from skills.rows import propose  # noqa: E402
+from skills.rows.candidates import model_source, tag  # noqa: E402
+from skills.rows.codegen import Launch  # noqa: E402
+from skills.rows.plan import build_plan  # noqa: E402
 
 ROUNDS = 30
+# (threads, split) of shared-memory split rows: 256 blocks of 256 threads (2 an SM, 96 KB each in
+# fp32) and 128 of 512 or 1024 (one an SM, 192 KB in fp32), at 16 rows
+UNPROPOSED = ((256, 16), (512, 8), (1024, 8))
+PLAIN = ("clone (copy)", "amax all (read)", "tiny kernel")  # the same bytes, not the task: not checked
 
 
-def contenders(fn, x) -> dict:
+def unproposed_launches(plan) -> list[Launch]:
+    return [Launch(threads, 1, plan.vector_width, "shared", split=split) for threads, split in UNPROPOSED]
+
+
+def contenders(fn, x, extra=None) -> dict:
+    """Every proposed candidate (and those `extra(plan)` launches), Inductor, eager and the plain kernels."""
     (task,) = [t for t in tasks_of(trace_tasks(Fn(fn), [x], backward=False, min_ops=1)) if t.kind == "reduction"]
     named = {c.origin.split(":")[-1]: load_program(c.source, c.origin)["ModelNew"]() for c in propose(task)}
+    plan = build_plan(task)
+    for launch in extra(plan) if extra else ():
+        named.setdefault(tag(plan, launch), load_program(model_source(plan, launch), tag(plan, launch))["ModelNew"]())
     flat, one = x.reshape(-1), torch.zeros(1, device=x.device)
-    named.update({"inductor": torch.compile(fn), "eager": fn, "clone (copy)": lambda x: x.clone(),
-                  "amax all (read)": lambda x: torch.amax(flat), "tiny kernel": lambda x: one.add_(1)})
-    return named
+    named.update(dict(zip(PLAIN, (lambda x: x.clone(), lambda x: torch.amax(flat), lambda x: one.add_(1)))))
+    return named | {"inductor": torch.compile(fn), "eager": fn}
 
 
-def case(timer: CudaTimer, copy_gbs: float, label: str, fn, x: torch.Tensor) -> None:
-    named = contenders(fn, x)
-    for f in named.values():
-        for _ in range(3):
-            timer.time_call(lambda: f(x))
+def case(timer: CudaTimer, copy_gbs: float, label: str, fn, x: torch.Tensor, extra=None) -> None:
+    named = contenders(fn, x, extra)
+    expected = fn(x).float()
+    for k, f in list(named.items()):
+        try:  # an unproposed shape may be refused (a cooperative grid too large) or wrong: say so, time the rest
+            if k not in PLAIN and not torch.allclose(f(x).float(), expected, rtol=2e-2, atol=1e-5):
+                raise ValueError("its result differs from eager's")
+            for _ in range(3):
+                timer.time_call(lambda: f(x))
+        except Exception as e:  # noqa: BLE001
+            print(f"  {k:24s} left out: {type(e).__name__}: {str(e)[:200]}", flush=True)
+            del named[k]
     timer.fit_cover(0.3)
     times = {k: [] for k in named}
     for _ in range(ROUNDS):
@@ -71,7 +96,10 @@ def main(which: list[str]) -> None:
             case(timer, copy_gbs, "sum long rows", lambda x: x.sum(-1), r(16, 393216))
         if "softmax" in which:
             case(timer, copy_gbs, "softmax", lambda x: torch.softmax(x, -1), r(4096, 8192))
+        if "softmax_long" in which:
+            case(timer, copy_gbs, "softmax long rows", lambda x: torch.softmax(x, -1), r(16, 393216),
+                 unproposed_launches)
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:] or ["lse", "sum", "softmax"])
+    main(sys.argv[1:] or ["lse", "sum", "softmax", "softmax_long"])

@@ -74,6 +74,9 @@ LONG = {
     "split_amax_scalar": (lambda: resized(case_task("amax_last", bf16), (2, 4097)), Launch(32, 1, 1, split=8)),
     "split_mse_whole": (lambda: resized(case_task("mse_loss", f32), (40, 100), (40, 100)), Launch(32, 1, 4, split=8)),
     "split_softmax": (lambda: resized(case_task("softmax", bf16), (2, 2000)), Launch(32, 1, 8, split=4)),
+    # held in shared memory, fp32 (the shapes benchmarks/rows_ceiling.py probes beyond those proposed)
+    "split_softmax_shared_f32": (lambda: resized(case_task("softmax", f32), (2, 4000)),
+                                 Launch(32, 1, 4, "shared", split=4)),
     # and columns (rows across the threads of a warp) split likewise: a column sum whose rows do not
     # fill the last warp, and a softmax over dim 1 held in registers over its passes
     "split_columns": (lambda: resized(case_task("sum_columns", f32), (300, 40)), Launch(8, 32, 1, split=4)),
