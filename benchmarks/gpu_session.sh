@@ -30,6 +30,9 @@
 #   benchmarks/gpu_session.sh columns        # column sums (bias gradients, a tall sum(0)): the rows GPU
 #                                            # tests of across-row kernels, then each case searched with
 #                                            # every candidate's time logged (benchmarks/rows.py -v)
+#   benchmarks/gpu_session.sh probes         # launch shapes and kernels not in the templates yet, against Inductor:
+#                                            # split long-row softmax in shared memory (rows_ceiling.py softmax_long)
+#                                            # and wider transpose tiles (transpose_probe.py)
 #   benchmarks/gpu_session.sh flush          # what the timing's L2 flush (a write) costs a short kernel,
 #                                            # against a read flush and none (benchmarks/flush_effect.py)
 #
@@ -37,7 +40,7 @@
 # H100 machine, 2026-11-23) costs that file only, and its exit status is recorded.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-phase=${1:?"usage: $0 tests|in-context|transformers|models|level1|level2|compile|gate|dispatch|columns|flush"}
+phase=${1:?"usage: $0 tests|in-context|transformers|models|level1|level2|compile|gate|dispatch|columns|probes|flush"}
 out=${OUT:-benchmarks/results/session-$(date +%F)}
 mkdir -p "$out"
 gpu=$(python3 -c "import torch; print(torch.cuda.get_device_name(0))" 2>/dev/null || echo "no GPU")
@@ -133,11 +136,16 @@ case "$phase" in
     done
     grep -E "^## |passed|failed|builtin:rows|^[a-z_0-9]+ +[0-9.]+ " "$out/columns.log" | grep -v DEBUG
     ;;
+  probes)
+    { header "probes"; python3 benchmarks/rows_ceiling.py softmax_long; python3 benchmarks/transpose_probe.py; } \
+      >"$out/probes.log" 2>&1
+    grep -v DEBUG "$out/probes.log" | tail -n 40
+    ;;
   flush)
     python3 benchmarks/flush_effect.py --out "$out/flush_effect.json"
     ;;
   *)
-    echo "unknown phase $phase: tests, in-context, transformers, models, level1, level2, compile, gate, dispatch, columns or flush" >&2
+    echo "unknown phase $phase: tests, in-context, transformers, models, level1, level2, compile, gate, dispatch, columns, probes or flush" >&2
     exit 2
     ;;
 esac
