@@ -5,8 +5,8 @@ default mode against Inductor, the two interleaved round by round (A, B, then B,
     python -m benchmarks.compile_time --dry-run --only gpt2      # on the CPU, small sizes (CI)
 
 A trial is one process: it builds the suite's problem (seeded), compiles it with one backend and
-times the first call (or training step), synchronised; the imports and the model's build before
-it are not timed, the backend's own import inside torch.compile is. Caches, per trial:
+times torch.compile and the first call (or training step), synchronised: torch's import and the
+model's build are not timed, each backend's own imports (ours, Inductor's) are. Caches, per trial:
   cold: a fresh Inductor and Triton cache directory, and for ours a fresh kernel cache
         (CUDA_AGENT_CACHE_DIR: kernels, the GPU's floors and the launch op's build);
   warm: the directories a priming process of the same backend left: for ours, a process that
@@ -33,47 +33,49 @@ RESULT_PREFIX = "COMPILE_TIME_RESULT "
 
 
 def _child(args: argparse.Namespace) -> None:
-    """One trial: build, compile with one backend, time the first call; print the result."""
+    """One trial: build, compile with one backend, time the first call; print the result. The
+    timing starts before torch.compile, so each backend's own imports count (our package's,
+    Inductor's)."""
     import torch
 
-    from agent_backend import background, backend
-    from agent_backend.warm import parse_options
-
-    from .suite.problem import build
+    from .suite.problem import build, make_call
     from .suite.registry import select
-    from .suite.runner import make_call
 
     problem, = select(only=[args.problem])
     device = "cpu" if args.dry_run else "cuda"
     model, inputs = build(problem, "bf16" if "bf16" in problem.dtypes else problem.dtypes[0], device,
                           small=args.dry_run)
-    options = parse_options(args.option)
-    fn = (torch.compile(model, backend="cuda_agent", options=options) if args.backend == "ours"
-          else torch.compile(model, backend="inductor"))
-    call = make_call(model, fn, inputs, problem.train)
 
-    def first_call() -> tuple[float, list]:
-        """The first call's seconds, and the decisions of the graphs it compiled (ours)."""
-        seen = len(backend.reports)
-        if device == "cuda":
-            torch.cuda.synchronize()
-        start = time.perf_counter()
+    def timed(call, start: float) -> float:
         call()
         if device == "cuda":
             torch.cuda.synchronize()
-        seconds = time.perf_counter() - start
-        return seconds, [d for report in backend.reports[seen:] for d in report.decisions if d.task is not None]
+        return time.perf_counter() - start
 
-    seconds, decisions = first_call()
-    result = {"compile_s": seconds}
+    if device == "cuda":
+        torch.cuda.synchronize()
+    start = time.perf_counter()
     if args.backend == "ours":
+        from agent_backend.warm import parse_options
+        fn = torch.compile(model, backend="cuda_agent", options=parse_options(args.option))
+    else:
+        fn = torch.compile(model, backend="inductor")
+    call = make_call(model, fn, inputs, problem.train)
+    result = {"compile_s": timed(call, start)}
+    if args.backend == "ours":
+        from agent_backend import background, backend
+
+        def decided(since: int) -> list:
+            return [d for report in backend.reports[since:] for d in report.decisions if d.task is not None]
+        decisions = decided(0)
         result |= {"tasks": len(decisions), "ours": sum(bool(d.winner_key) for d in decisions),
                    "queued": background.pending()}
         later = []
         for _ in range(3 if args.settle else 0):  # a priming run: what later processes will find
             background.refresh(wait=True, timeout_s=args.settle)
-            seconds, decisions = first_call()
-            later.append(seconds)
+            seen = len(backend.reports)
+            later.append(timed(call, time.perf_counter()))
+            decisions = decided(seen)
             if not background.pending():
                 break
         if later:

@@ -12,9 +12,9 @@ import torch.nn as nn
 from agent_backend import gate
 from agent_backend.graph_pass import Decision
 from benchmarks.suite import cli, correctness, kernels, report
-from benchmarks.suite.problem import DTYPES, Problem, build
+from benchmarks.suite.problem import DTYPES, Problem, build, make_call
 from benchmarks.suite.registry import PROBLEMS, select
-from benchmarks.suite.runner import RunConfig, make_call, run_problem
+from benchmarks.suite.runner import RunConfig, run_problem
 from helpers import collect_tasks
 
 CASES = [(p, dtype) for p in PROBLEMS for dtype in p.dtypes]

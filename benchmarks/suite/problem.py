@@ -1,4 +1,4 @@
-"""What one benchmark problem is, and how it is built on a device in a dtype.
+"""What one benchmark problem is, how it is built on a device in a dtype, and called.
 
 A problem is written the KernelBench way: a `Model` class, `get_init_inputs(d)` (the Model's
 constructor arguments) and `get_inputs(d)` (the forward's arguments), where `d` holds the
@@ -14,6 +14,8 @@ from types import SimpleNamespace
 from typing import Callable
 
 import torch
+
+from . import correctness
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
@@ -65,3 +67,32 @@ def build(problem: Problem, dtype: str, device: str, small: bool, seed: int = 0)
     model.train(problem.train)
     inputs = [t.to(DTYPES[dtype]) if isinstance(t, torch.Tensor) and t.is_floating_point() else t for t in inputs]
     return model, inputs
+
+
+def _cotangent(out: torch.Tensor, index: int) -> torch.Tensor:
+    """A fixed random gradient for output `index`, the same for every contender. Not ones (the
+    gradient of a plain sum): a network ending in LayerNorm gives every earlier layer a zero
+    gradient for that, leaving only rounding noise to compare."""
+    generator = torch.Generator(out.device).manual_seed(1000 + index)
+    return torch.randn(out.shape, generator=generator, device=out.device).to(out.dtype)
+
+
+def make_call(model: torch.nn.Module, fn: Callable, inputs: list, train: bool) -> Callable[[], list[torch.Tensor]]:
+    """One inference call (under no_grad), or one training step: forward, then backward from
+    fixed random output gradients. Returns the outputs, and for a step the parameters' gradients."""
+    if not train:
+        def infer():
+            with torch.no_grad():
+                return correctness.tensors(fn(*inputs))
+        return infer
+    params = [p for p in model.parameters() if p.requires_grad]
+    cotangents: list[torch.Tensor] = []  # drawn on the first step, outside every timed one after it
+
+    def step():
+        model.zero_grad(set_to_none=True)
+        outs = [o for o in correctness.tensors(fn(*inputs)) if o.is_floating_point()]
+        if not cotangents:
+            cotangents.extend(_cotangent(o, i) for i, o in enumerate(outs))
+        torch.autograd.backward(outs, cotangents)
+        return [o.detach() for o in outs] + [p.grad for p in params if p.grad is not None]
+    return step

@@ -21,7 +21,7 @@ from torch._inductor.utils import fresh_cache
 from agent_backend import background, backend
 
 from . import correctness, kernels, timing
-from .problem import Problem, build
+from .problem import Problem, build, make_call
 
 NETWORK_LEVEL = 3  # the suite's level of small networks and transformers
 
@@ -37,35 +37,6 @@ class RunConfig:
     compile_dir: str  # where each compile gets its fresh Inductor and Triton cache
     seed: int = 0
     settle_s: float = 0.0  # > 0: wait up to this long for background work and compile ours again (_settle)
-
-
-def _cotangent(out: torch.Tensor, index: int) -> torch.Tensor:
-    """A fixed random gradient for output `index`, the same for every contender. Not ones (the
-    gradient of a plain sum): a network ending in LayerNorm gives every earlier layer a zero
-    gradient for that, leaving only rounding noise to compare."""
-    generator = torch.Generator(out.device).manual_seed(1000 + index)
-    return torch.randn(out.shape, generator=generator, device=out.device).to(out.dtype)
-
-
-def make_call(model: torch.nn.Module, fn: Callable, inputs: list, train: bool) -> Callable[[], list[torch.Tensor]]:
-    """One inference call (under no_grad), or one training step: forward, then backward from
-    fixed random output gradients. Returns the outputs, and for a step the parameters' gradients."""
-    if not train:
-        def infer():
-            with torch.no_grad():
-                return correctness.tensors(fn(*inputs))
-        return infer
-    params = [p for p in model.parameters() if p.requires_grad]
-    cotangents: list[torch.Tensor] = []  # drawn on the first step, outside every timed one after it
-
-    def step():
-        model.zero_grad(set_to_none=True)
-        outs = [o for o in correctness.tensors(fn(*inputs)) if o.is_floating_point()]
-        if not cotangents:
-            cotangents.extend(_cotangent(o, i) for i, o in enumerate(outs))
-        torch.autograd.backward(outs, cotangents)
-        return [o.detach() for o in outs] + [p.grad for p in params if p.grad is not None]
-    return step
 
 
 def _synchronize(device: str) -> None:
