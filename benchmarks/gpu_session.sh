@@ -16,7 +16,7 @@
 #   benchmarks/gpu_session.sh level1 [NAME..]  # the level-1 problems (all, or those named), in $DTYPES (fp32
 #                                            # bf16; all 20 took about 330 s a dtype at 10 x 5 calls: one dtype a
 #                                            # call), searched (mode=search), then timed interleaved: issue 8's geomean
-#   benchmarks/gpu_session.sh level2 [NAME..]  # the level-2 problems (groups $GROUPS: fusion rewrites), as level1
+#   benchmarks/gpu_session.sh level2 [NAME..]  # the level-2 problems (groups $SUITE_GROUPS: fusion rewrites), as level1
 #                                            # does; 31 problems a dtype will not fit one call: name some
 #   benchmarks/gpu_session.sh compile [NAME..]  # first compiles in fresh processes (benchmarks/compile_time.py),
 #                                            # ours (mode=background) against Inductor, empty caches, then warm
@@ -97,8 +97,9 @@ case "$phase" in
   level2)
     header "level 2" >"$out/level2.log"
     shift
-    python3 -m benchmarks.suite --level 2 --group ${GROUPS:-fusion rewrites} ${*:+--only $*} --dtype ${DTYPES:-fp32 bf16} \
-      --rounds 30 --calls 5 --out "$out" -o mode=search -o search_budget_s=30 >>"$out/level2.log" 2>&1
+    python3 -m benchmarks.suite --level 2 --group ${SUITE_GROUPS:-fusion rewrites} ${*:+--only $*} \
+      --dtype ${DTYPES:-fp32 bf16} --rounds 30 --calls 5 --out "$out" -o mode=search -o search_budget_s=30 \
+      >>"$out/level2.log" 2>&1
     tail -n 40 "$out/level2.log"
     ;;
   compile)
@@ -145,7 +146,8 @@ case "$phase" in
     python3 benchmarks/flush_effect.py --out "$out/flush_effect.json"
     ;;
   *)
-    echo "unknown phase $phase: tests, in-context, transformers, models, level1, level2, compile, gate, dispatch, columns, probes or flush" >&2
+    echo "unknown phase $phase: tests, in-context, transformers, models, level1, level2, compile, gate, dispatch," \
+      "columns, probes or flush" >&2
     exit 2
     ;;
 esac
