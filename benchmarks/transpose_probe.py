@@ -1,7 +1,8 @@
 """Whether wider tiles would let a 16-bit transposing copy reach the copy rate (issue 8's
 transpose_copy bf16: Inductor and the pointwise template's 32 x 32 tiled kernel both ran at 81-83%
 of the copy on an H100). Hand-written kernels, checked against x.t().contiguous(), timed
-interleaved with Inductor, eager and a clone of the same bytes under the worker's timer.
+interleaved with Inductor, eager and a clone of the same bytes (the suite's timing: the worker's
+timer, the first contender moving on by one each round).
 
     python benchmarks/transpose_probe.py [--rows 8192] [--cols 8192]
 
@@ -14,7 +15,7 @@ Kernels (2-byte elements; tile edge x tile edge through shared memory, one tile 
 from __future__ import annotations
 
 import argparse
-import statistics
+import functools
 import sys
 from pathlib import Path
 
@@ -23,8 +24,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout
 
 from agent_backend.env.fast_kernel import load_kernel  # noqa: E402
-from agent_backend.env.profile import CudaTimer  # noqa: E402
-from agent_backend.env.verify import sleep_cycles_per_ms  # noqa: E402
+from benchmarks.suite.timing import time_interleaved  # noqa: E402
 
 ROUNDS = 30
 
@@ -119,22 +119,13 @@ def main(argv: list[str] | None = None) -> int:
         if name != "clone (copy)" and not torch.equal(call(x), expected):
             print(f"  {name:14s} left out: its result differs from x.t().contiguous()")
             del named[name]
-    timer = CudaTimer(device, sleep_cycles_per_ms(device))
-    for call in named.values():
-        for _ in range(3):
-            timer.time_call(lambda: call(x))
-    timer.fit_cover(0.3)
-    times = {name: [] for name in named}
-    for _ in range(ROUNDS):
-        for name, call in named.items():
-            times[name].append(timer.time_call(lambda: call(x)).ms * 1000)
+    medians = {name: stats["median"] * 1000 for name, stats in time_interleaved(
+        {name: functools.partial(call, x) for name, call in named.items()}, ROUNDS, 1, "cuda").items()}
     nbytes = 2 * x.numel() * x.element_size()  # read and written
     print(f"## transpose {args.rows} x {args.cols} bf16 on {torch.cuda.get_device_name(0)}, torch {torch.__version__}")
-    inductor, copy = statistics.median(times["inductor"]), statistics.median(times["clone (copy)"])
-    for name, samples in times.items():
-        m = statistics.median(samples)
-        print(f"  {name:14s} {m:8.2f} us  vs Inductor {inductor / m:5.2f}x  {copy / m:6.1%} of the copy  "
-              f"{nbytes / m / 1e3:7.0f} GB/s", flush=True)
+    for name, m in medians.items():
+        print(f"  {name:14s} {m:8.2f} us  vs Inductor {medians['inductor'] / m:5.2f}x  "
+              f"{medians['clone (copy)'] / m:6.1%} of the copy  {nbytes / m / 1e3:7.0f} GB/s", flush=True)
     return 0
 
 

@@ -197,7 +197,6 @@ class WorkerHandle:
             return self.request(message, timeout_s, phase, start_s)
         return self._receive(timeout_s, phase)
 
-
     def _add_start_s(self, parts: dict[str, float]) -> None:
         for part, seconds in parts.items():
             self.start_s[part] = self.start_s.get(part, 0.0) + seconds
