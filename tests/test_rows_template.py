@@ -259,10 +259,15 @@ def test_few_long_rows_are_split_over_a_cooperative_grid():
     assert (whole.rows, whole.row_length) == (1, 8192 * 4096)
     assert [c.split for c in launch_configs(whole) if c.split > 1] == [512, 256]
     # a long row held on chip: split at 32 where a slice takes 25 KB of shared memory at most (bf16:
-    # 24 KB), not where it would take more (fp32: 48 KB); many rows: no split
+    # 24 KB); where it would take more (fp32: 48 KB), at 16, two blocks an SM of 96 KB; many rows:
+    # no split, nor where even half the split's slice would take over 100 KB
     softmax = build_plan(resized(case_task("softmax", bf16), (16, 393216)))
     assert [tag(softmax, c) for c in launch_configs(softmax)] == ["t1024r1v8c8", "t1024r1v8sc4", "t256r1v8sg32"]
-    assert all(c.split == 1 for c in launch_configs(build_plan(resized(case_task("softmax", f32), (16, 393216)))))
+    wide = build_plan(resized(case_task("softmax", f32), (16, 393216)))
+    (half,) = [c for c in launch_configs(wide) if c.split > 1]
+    assert (half.threads, half.storage, half.split, grid_blocks(wide, half)) == (256, "shared", 16, 256)
+    assert shared_bytes(wide, half) == 96 * 1024
+    assert all(c.split == 1 for c in launch_configs(build_plan(resized(case_task("softmax", f32), (64, 393216)))))
     for name in ("softmax", "sum_last"):
         assert all(c.split == 1 for c in launch_configs(build_plan(case_task(name, f32))))
 
@@ -457,9 +462,9 @@ def test_launch_shapes_follow_the_row_length():
     softmax = case_task("softmax", bf16)
     assert _tags(resized(softmax, (4096, 7))) == ["t1r32v1", "t2r16v1", "t4r16v1"]
     assert _tags(softmax) == ["t16r2v8", "t32r1v8", "t64r1v8"]  # 125 vectors of 8
-    # 393216 elements of fp32: only a cluster of 8 blocks holds a row (192 KB of shared memory
-    # each); of bf16, also 32 blocks of a cooperative grid (24 KB each)
-    assert _tags(resized(case_task("softmax", f32), (16, 393216))) == ["t1024r1v4sc8"]
+    # 393216 elements of fp32: a cluster of 8 blocks holds a row (192 KB of shared memory each),
+    # or 16 blocks of a cooperative grid (96 KB each); of bf16, 32 blocks of one (24 KB each)
+    assert _tags(resized(case_task("softmax", f32), (16, 393216))) == ["t1024r1v4sc8", "t256r1v4sg16"]
     assert _tags(resized(case_task("softmax", bf16), (16, 393216))) == ["t1024r1v8c8", "t1024r1v8sc4", "t256r1v8sg32"]
     # a sum streams: few long rows are split over a grid, or a cluster
     assert _tags(resized(case_task("sum_last", f32), (1, 393216))) == [
