@@ -281,8 +281,8 @@ def _summary(layer: Layer, row: Row, cache: KernelCache) -> dict:
     return {**summary, "outcome": entry.outcome, "reason": entry.reason, "origin": entry.origin,
             "task": entry.key.get("task_hash", ""), "inputs": entry.key.get("inputs", []),
             "gpu": f"{entry.key['gpu']['name']} ({entry.key['gpu']['capability']})",
-            "ours_ms": entry.timings.get("ours_ms"), "inductor_ms": entry.timings.get("inductor_ms"),
-            "eager_ms": entry.timings.get("eager_ms"), "trust": trust,
+            "ours_ms": entry.ms("ours_ms"), "inductor_ms": entry.ms("inductor_ms"), "eager_ms": entry.ms("eager_ms"),
+            "trust": trust,
             "binary_bytes": sum(len(b) for b in entry.binaries.values()),
             "created": entry.created, "last_used": entry.last_used}
 

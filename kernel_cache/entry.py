@@ -31,8 +31,9 @@ class EntryFormatError(ValueError):
 class Entry:
     """One search result. Conventions the rest of the project relies on:
 
-    - timings: `ours_ms`, `inductor_ms`, `eager_ms` (float, milliseconds) and `trials`
-      (how many timed runs each figure is from, e.g. {"ours": 100, "inductor": 100});
+    - timings: `ours_ms`, `inductor_ms`, `eager_ms` in milliseconds: a search's are the
+      profiler's stats (env/profile.summarize: median, p10, p90, trials, host_median), the
+      in-context check's plain numbers; `ms(name)` reads either as one time (the median);
     - verification: `passed` (bool), `trials` (input sets checked), `max_error` (float);
     - provenance: see `make_provenance`;
     - binaries: compiled code per architecture, e.g. {"sm_90": <cubin bytes>};
@@ -76,13 +77,20 @@ class Entry:
     def verified(self) -> bool:
         return self.verification.get("passed") is True
 
+    def ms(self, name: str) -> float | None:
+        """timings[name] as one time in milliseconds (a stats dict's median), None where there is none."""
+        value = self.timings.get(name)
+        if isinstance(value, dict):
+            value = value.get("median")
+        return float(value) if isinstance(value, (int, float)) and not math.isnan(value) else None
+
     @property
     def measured_ms(self) -> float:
         """The time this entry stands for: our kernel's for a kernel, Inductor's when Inductor
         won; infinity when unmeasured (it then loses every comparison)."""
         name = {"kernel": "ours_ms", "inductor": "inductor_ms"}.get(self.outcome)
-        value = self.timings.get(name) if name else None
-        return float(value) if isinstance(value, (int, float)) and not math.isnan(value) else math.inf
+        ms = self.ms(name) if name else None
+        return math.inf if ms is None else ms
 
     def to_json(self) -> dict:
         return {

@@ -36,7 +36,8 @@ def make_test_entry(for_key: CacheKey, *, binary_bytes: int = 4096, ours_ms: flo
         outcome="kernel", reason="1.50x over Inductor", source=_source_for(key.digest), origin="test:template",
         binaries={"sm_90": _binary_for(key.digest, binary_bytes)},
         launch={"grid": [64, 1, 1], "block": [256, 1, 1], "shared_mem": 0, "kernel": "fused_add_relu"},
-        timings={"ours_ms": ours_ms, "inductor_ms": 1.5, "eager_ms": 3.0, "trials": {"ours": 100, "inductor": 100}},
+        timings={"ours_ms": _stats(ours_ms), "inductor_ms": _stats(1.5), "eager_ms": _stats(3.0),
+                 "speedup_vs_inductor": 1.5 / ours_ms},
         verification={"passed": True, "trials": 5, "max_error": 1.2e-6},
         provenance={"policy": "builtin", "model": None, "host": "test-host", "time": 1700000000.0,
                     "project_version": "0.1.0"},
@@ -45,6 +46,12 @@ def make_test_entry(for_key: CacheKey, *, binary_bytes: int = 4096, ours_ms: flo
         created=1700000000.0, last_used=1700000000.0,
     )
     return Entry(**{**fields, **changes})
+
+
+def _stats(median_ms: float) -> dict:
+    """Timing stats as a search stores them (env/profile.summarize)."""
+    return {"median": median_ms, "p10": 0.9 * median_ms, "p90": 1.1 * median_ms, "trials": 100,
+            "host_median": 0.01}
 
 
 def is_whole(digest: str, entry: Entry) -> bool:

@@ -86,7 +86,7 @@ def test_kernel_beats_inductor_and_trusted_beats_untrusted_in_a_merge(tmp_path):
     trusted = _bundle(tmp_path / "trusted.bundle", TEAM_KEY, (key, make_test_entry(key, ours_ms=1.0)))
     merge_bundles([inductor, untrusted, trusted], tmp_path / "merged.bundle", TEAM_KEY.encode())
     [kept] = _bundle_entries(tmp_path / "merged.bundle").values()
-    assert kept.outcome == "kernel" and kept.timings["ours_ms"] == 1.0
+    assert kept.outcome == "kernel" and kept.ms("ours_ms") == 1.0
 
 
 def _tamper(bundle, digest):
@@ -127,7 +127,7 @@ def test_import_keeps_a_better_local_entry_and_reports_the_conflict(tmp_path):
     with _cache_with(tmp_path / "mine", TEAM_KEY, (key, make_test_entry(key, ours_ms=1.0))) as cache:
         report = import_bundle(cache, bundle)
         assert report.written == 0 and len(report.conflicts) == 1
-        assert cache.get(key).entry.timings["ours_ms"] == 1.0
+        assert cache.get(key).entry.ms("ours_ms") == 1.0
 
 
 def test_unreadable_bundle_is_an_error_not_a_crash(tmp_path):

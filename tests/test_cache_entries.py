@@ -60,6 +60,20 @@ def test_provenance_says_who_where_when():
     json.dumps(provenance)
 
 
+def test_timings_read_as_one_time_whether_stats_or_numbers():
+    """A search stores the profiler's stats, the in-context check plain numbers: both read as
+    milliseconds; a kernel without a time is unmeasured (infinitely slow in every comparison)."""
+    key = make_test_key()
+    searched = make_test_entry(key, ours_ms=0.25)
+    assert searched.ms("ours_ms") == 0.25 and searched.measured_ms == 0.25 and searched.ms("inductor_ms") == 1.5
+    context = replace(searched, outcome="context", timings={"ours_ms": 0.2, "inductor_ms": 0.3, "kept": True})
+    assert (context.ms("ours_ms"), context.ms("inductor_ms"), context.ms("eager_ms")) == (0.2, 0.3, None)
+    unmeasured = replace(searched, timings={"ours_ms": {"median": float("nan")}})
+    assert unmeasured.ms("ours_ms") is None and unmeasured.measured_ms == float("inf")
+    inductor_won = replace(searched, outcome="inductor", binaries={}, source="")
+    assert inductor_won.measured_ms == 1.5
+
+
 def test_entry_checks_its_fields():
     with pytest.raises(EntryFormatError):
         Entry("won")

@@ -72,7 +72,7 @@ def test_lookup_order_local_then_trusted_team_then_untrusted(cache_dir, tmp_path
         assert cache.put(in_local, make_test_entry(in_local, ours_ms=9.0))
     with KernelCache.open(team=[unsigned, signed], trust_key=TEAM_KEY) as cache:
         local = cache.get(in_local)
-        assert local.layer == "local" and local.entry.timings["ours_ms"] == 9.0
+        assert local.layer == "local" and local.entry.ms("ours_ms") == 9.0
         both = cache.get(in_both)
         assert both.trusted and both.layer == f"team:{signed / 'cache.sqlite'}"
 
