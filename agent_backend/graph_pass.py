@@ -26,7 +26,8 @@ class Decision:
     winner's over Inductor, timed alone; `needs_context`: the winner runs only where the
     in-context check measured its graph faster with it (env.results.needs_context); `inlined`:
     the winner went into the graph as its ATen ops (inline.py), so it is never called; `tried`:
-    each candidate of the search that decided it, in order (search.tried)."""
+    each candidate of the search that decided it, in order (search.tried); `saved_gpu_ms`: the
+    GPU time a call of the winner saved alone against Inductor's, where both were timed."""
 
     task: Task | None
     winner_key: str | None
@@ -36,6 +37,7 @@ class Decision:
     needs_context: bool = False
     inlined: bool = False
     tried: list = field(default_factory=list)
+    saved_gpu_ms: float | None = None
 
 
 # The in-context check's on one winner: keep it?, and what it found ("": nothing to say), or

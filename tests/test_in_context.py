@@ -59,16 +59,17 @@ def _close_workers():
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
 
 
-def _compile(fn, inputs, settings, sources: dict[tuple[str, ...], str], speedups: dict[tuple[str, ...], float] = {}):
+def _compile(fn, inputs, settings, sources: dict[tuple[str, ...], str], speedups: dict[tuple[str, ...], float] = {},
+             saved: dict[tuple[str, ...], float] = {}):
     """fn compiled with our pass: a group whose ops are a key of `sources` is won by that source
-    (registered as a winner, as a cached one would be, with its speedup alone from `speedups`);
-    the dispatcher's in-context check judges the graph. Returns the output, the decisions on
-    those groups and the winners' keys by ops."""
-    return _compile_with(fn, inputs, settings, lambda task: sources.get(task.ops), speedups)
+    (registered as a winner, as a cached one would be, with its speedup alone from `speedups`
+    and the ms it saved alone from `saved`); the dispatcher's in-context check judges the graph.
+    Returns the output, the decisions on those groups and the winners' keys by ops."""
+    return _compile_with(fn, inputs, settings, lambda task: sources.get(task.ops), speedups, saved=saved)
 
 
 def _compile_with(fn, inputs, settings, source_for, speedups: dict[tuple[str, ...], float] = {},
-                  needs_context: bool = False):
+                  needs_context: bool = False, saved: dict[tuple[str, ...], float] = {}):
     """As _compile, with `source_for(task)` giving a group's winner (None: no winner), each one
     launch-bound (Decision.needs_context) where `needs_context`."""
     dispatcher = Dispatcher(settings)
@@ -81,7 +82,8 @@ def _compile_with(fn, inputs, settings, source_for, speedups: dict[tuple[str, ..
         key = "test-" + hashlib.sha256((task.hash + source).encode()).hexdigest()[:20]
         runtime.load_winner(runtime.Winner(key, source, task.outputs, "test"), inputs[0].device)
         keys[task.ops] = key
-        return Decision(task, key, "kernel test", speedup=speedups.get(task.ops), needs_context=needs_context)
+        return Decision(task, key, "kernel test", speedup=speedups.get(task.ops), needs_context=needs_context,
+                        saved_gpu_ms=saved.get(task.ops))
 
     reports = []
 
@@ -132,6 +134,47 @@ def test_a_winner_that_removes_work_is_kept_and_runs(cache_dir, device):
     assert runtime.registered(keys[GEMM_SUM_OPS]).calls >= 1
     (entry,) = _context_entries(cache_dir)
     assert entry.timings["kept"] is True and entry.timings["speedup"] > 1.0, entry.timings
+
+
+def test_a_graph_that_gains_more_than_its_winners_saved_alone_is_timed_twice(cache_dir):
+    """The GEMV removes the GEMM's work: its graph gains far more than the 0 ms the winner is said
+    to have saved alone, so the check times it again (and keeps it: both timings gain); where it
+    saved as much alone, once."""
+    x, w = torch.randn(256, 1024), torch.randn(1024, 1024)
+    for saved, twice in ((0.0, True), (1e3, False)):
+        own = cache_dir / f"saved-{saved}"
+        _, (decision,), _ = _compile(gemm_then_sum, [x, w], resolve({"mode": "search", "cache_dir": str(own)}),
+                                     {GEMM_SUM_OPS: GEMV}, saved={GEMM_SUM_OPS: saved})
+        (entry,) = _context_entries(own)
+        assert entry.timings["kept"] is True and decision.winner_key is not None, entry.reason
+        assert ("timed twice: the first timing's GPU time fell by" in entry.reason) is twice, entry.reason
+        assert ("the kernels saved 0 ms alone" in decision.reason) is twice, decision.reason
+
+
+@pytest.mark.parametrize("first, again, chosen", [
+    ((0.05, 0.1, 0.04, 0.1), (0.09, 0.1, 0.08, 0.1), 1),  # both kept: the lower GPU speedup decides
+    ((0.09, 0.1, 0.08, 0.1), (0.05, 0.1, 0.04, 0.1), 0),
+    ((0.05, 0.1, 0.04, 0.1), (0.2, 0.1, 0.2, 0.1), 1),    # the second loses: dropped
+    ((0.05, 0.1, 0.04, 0.1), None, 1),                    # the second failed: dropped
+])
+def test_of_two_timings_the_less_favourable_decides(first, again, chosen):
+    from agent_backend.env.results import ContextTiming
+    from agent_backend.in_context import less_favourable
+    timings = [ContextTiming("passed", "", *first[:2], "cpu", *first[2:]),
+               ContextTiming("passed", "", *again[:2], "cpu", *again[2:]) if again else
+               ContextTiming("runtime_error", "the worker crashed")]
+    assert less_favourable(*timings) is timings[chosen]
+
+
+def test_a_gpu_gain_beyond_what_the_winners_saved_alone_is_implausible():
+    from agent_backend.env.results import ContextTiming
+    from agent_backend.in_context import implausible, saved_alone
+    timing = ContextTiming("passed", "", 0.05, 0.1, "cuda:0", 0.04, 0.1)
+    # 0.06 ms less on the GPU: beyond twice 0.02 ms saved alone plus 5% of 0.1 ms, within twice 0.03
+    assert implausible(timing, 0.02) and not implausible(timing, 0.03)
+    assert not implausible(timing, None) and not implausible(ContextTiming("passed", "", 0.05, 0.1), 0.0)
+    assert saved_alone([Decision(None, "k", "", saved_gpu_ms=0.01)] * 3) == pytest.approx(0.03)
+    assert saved_alone([Decision(None, "k", "", saved_gpu_ms=0.01), Decision(None, "k", "")]) is None
 
 
 @pytest.mark.parametrize("device", DEVICES)
