@@ -417,7 +417,8 @@ def test_graphs_that_differ_beyond_tolerance_are_judged_against_float64():
     (0.1005, 0.1, None, None, False),  # no GPU times (an older worker's reply): the graph's time alone
     (0.09, 0.1, None, None, True),
     (0.05, 0.1, 0.074, 0.07, False),   # faster by its host's time only, slower on the GPU: dropped
-    (0.05, 0.1, 0.0714, 0.07, True),   # faster, and on the GPU within noise: kept
+    (0.05, 0.1, 0.0714, 0.07, False),  # even within noise (0.98x): the host times are the worker's
+    (0.05, 0.1, 0.07, 0.07, True),     # faster, and as fast on the GPU: kept
 ])
 def test_a_tie_on_host_time_keeps_a_kernel_faster_on_the_gpu(ours, inductor, ours_gpu, inductor_gpu, kept):
     from agent_backend.env.results import ContextTiming
@@ -425,3 +426,16 @@ def test_a_tie_on_host_time_keeps_a_kernel_faster_on_the_gpu(ours, inductor, our
     timing = ContextTiming("passed", "", ours, inductor, "cuda:0", ours_gpu, inductor_gpu)
     assert keeps(timing) is kept
     assert ("on the GPU" in describe(timing)) is (ours_gpu is not None)
+
+
+def test_a_verdict_cached_under_an_older_rule_keeps_kernels_only_where_todays_rule_does():
+    from kernel_cache import Entry
+    from agent_backend.in_context import verdict
+    def cached(kept, speedup, gpu_speedup):
+        return Entry(outcome="context", reason="the whole graph ran ...", origin="in-context check",
+                     timings={"ours_ms": 0.1, "inductor_ms": 0.1 * speedup, "speedup": speedup,
+                              "gpu_speedup": gpu_speedup, "kept": kept})
+    assert verdict(cached(True, 1.05, 0.98))[0] is False  # kept by the rule before GPU_AT_LEAST
+    assert verdict(cached(True, 1.05, 1.02))[0] is True
+    assert verdict(cached(False, 1.05, 1.02))[0] is False  # dropped stays dropped (e.g. results disagreed)
+    assert verdict(cached(True, 1.05, None))[0] is True  # an older worker's: the graph's time alone
