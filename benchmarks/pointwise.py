@@ -19,30 +19,18 @@ from pathlib import Path
 
 import torch
 
-from agent_backend.dispatch import user_precision
-from agent_backend.env import Environment
-from agent_backend.explain import tasks_of, trace_tasks
-from agent_backend.options import resolve
-from agent_backend.policies.builtin import BuiltinPolicy
-from agent_backend.search import search_task
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout: benchmarks.suite
+
+from agent_backend.dispatch import user_precision  # noqa: E402
+from agent_backend.env import Environment  # noqa: E402
+from agent_backend.explain import tasks_of, trace_tasks  # noqa: E402
+from agent_backend.options import resolve  # noqa: E402
+from agent_backend.policies.builtin import BuiltinPolicy  # noqa: E402
+from agent_backend.search import search_task  # noqa: E402
+from benchmarks.suite.timing import copy_bytes_per_s  # noqa: E402
 
 
-def copy_bandwidth_gbs(nbytes: int = 1 << 30) -> float:
-    """Device-to-device copy, counting bytes read plus bytes written."""
-    a = torch.empty(nbytes // 4, device="cuda")
-    b = torch.empty_like(a)
-    for _ in range(3):
-        b.copy_(a)
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    times = []
-    for _ in range(20):
-        start.record()
-        b.copy_(a)
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    times.sort()
-    return 2 * nbytes / (times[len(times) // 2] * 1e-3) / 1e9
+COPY_BYTES = 1 << 30  # the copy whose rate the achieved bandwidth is a fraction of
 
 
 def cases():
@@ -84,7 +72,7 @@ def run_cases(only: str | None = None, make_cases=cases, kind: str = "pointwise"
     # Its own pool, closed at the end (not the process-wide one the backend shares).
     with Environment(precision=user_precision(settings), min_speedup=settings.min_speedup) as env:
         policy = BuiltinPolicy()
-        copy_gbs = copy_bandwidth_gbs()
+        copy_gbs = copy_bytes_per_s("cuda", COPY_BYTES) / 1e9
         rows = []
         for name, (fn, inputs) in make_cases().items():
             if only and only not in name:

@@ -1,7 +1,8 @@
 """What a row reduction can reach under the profiler's timing: every candidate the rows template
 proposes, Inductor, eager, and plain kernels over the same bytes (a clone: a copy; amax over the
-whole tensor: a read; a one-element add: the smallest kernel), timed in interleaved rounds with
-the worker's own timer (env/profile.CudaTimer: L2 write flush, the host's launch hidden).
+whole tensor: a read; a one-element add: the smallest kernel), timed as the suite times them
+(benchmarks/suite/timing.py: the worker's timer, L2 write flush, the host's launch hidden; the
+first contender moves on by one each round).
 
     python benchmarks/rows_ceiling.py [lse] [sum] [softmax] [softmax_long]   # default: all, bf16 then fp32
 
@@ -16,7 +17,6 @@ are not a floor such a task can approach.
 """
 from __future__ import annotations
 
-import statistics
 import sys
 from pathlib import Path
 
@@ -24,11 +24,10 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout
 
-from agent_backend.env.profile import CudaTimer  # noqa: E402
-from agent_backend.env.verify import sleep_cycles_per_ms  # noqa: E402
 from agent_backend.explain import tasks_of, trace_tasks  # noqa: E402
 from agent_backend.task import load_program  # noqa: E402
-from pointwise import Fn, copy_bandwidth_gbs  # noqa: E402
+from benchmarks.suite.timing import copy_bytes_per_s, time_interleaved  # noqa: E402
+from pointwise import COPY_BYTES, Fn  # noqa: E402
 from skills.rows import propose  # noqa: E402
 from skills.rows.candidates import model_source, tag  # noqa: E402
 from skills.rows.codegen import Launch  # noqa: E402
@@ -57,48 +56,43 @@ def contenders(fn, x, extra=None) -> dict:
     return named | {"inductor": torch.compile(fn), "eager": fn}
 
 
-def case(timer: CudaTimer, copy_gbs: float, label: str, fn, x: torch.Tensor, extra=None) -> None:
+def case(copy_gbs: float, label: str, fn, x: torch.Tensor, extra=None) -> None:
     named = contenders(fn, x, extra)
     expected = fn(x).float()
     for k, f in list(named.items()):
-        try:  # an unproposed shape may be refused (a cooperative grid too large) or wrong: say so, time the rest
+        try:  # a shape may be refused (a cooperative grid too large) or wrong: say so, time the rest
             if k not in PLAIN and not torch.allclose(f(x).float(), expected, rtol=2e-2, atol=1e-5):
                 raise ValueError("its result differs from eager's")
-            for _ in range(3):
-                timer.time_call(lambda: f(x))
+            f(x)
+            torch.cuda.synchronize()
         except Exception as e:  # noqa: BLE001
             print(f"  {k:24s} left out: {type(e).__name__}: {str(e)[:200]}", flush=True)
             del named[k]
-    timer.fit_cover(0.3)
-    times = {k: [] for k in named}
-    for _ in range(ROUNDS):
-        for k, f in named.items():
-            times[k].append(timer.time_call(lambda: f(x)).ms * 1000)
+    stats = time_interleaved({k: (lambda f=f: f(x)) for k, f in named.items()}, ROUNDS, 1, "cuda")
     nbytes = x.numel() * x.element_size()
     print(f"## {label} {tuple(x.shape)} {x.dtype}: {nbytes / 1e6:.1f} MB, floor {nbytes / copy_gbs / 1e3:.1f} us",
           flush=True)
-    inductor = statistics.median(times["inductor"])
-    for k, v in times.items():
-        m = statistics.median(v)
-        print(f"  {k:24s} {m:8.2f} us  p10 {sorted(v)[len(v) // 10]:8.2f}  vs Inductor {inductor / m:5.2f}x  "
-              f"{nbytes / m / 1e3:7.0f} GB/s", flush=True)
+    inductor = stats["inductor"]["median"]
+    for k, s in stats.items():
+        m = s["median"]
+        print(f"  {k:24s} {m * 1e3:8.2f} us  p10 {s['p10'] * 1e3:8.2f}  vs Inductor {inductor / m:5.2f}x  "
+              f"{nbytes / m / 1e6:7.0f} GB/s", flush=True)
 
 
 def main(which: list[str]) -> None:
     device = torch.device("cuda:0")
-    timer = CudaTimer(device, sleep_cycles_per_ms(device))
-    copy_gbs = copy_bandwidth_gbs()
+    copy_gbs = copy_bytes_per_s("cuda", COPY_BYTES) / 1e9
     for dtype in (torch.bfloat16, torch.float32):
         def r(*shape):
             return torch.randn(*shape, device=device, dtype=dtype)
         if "lse" in which:
-            case(timer, copy_gbs, "logsumexp", lambda x: torch.logsumexp(x, -1), r(4096, 8192))
+            case(copy_gbs, "logsumexp", lambda x: torch.logsumexp(x, -1), r(4096, 8192))
         if "sum" in which:
-            case(timer, copy_gbs, "sum long rows", lambda x: x.sum(-1), r(16, 393216))
+            case(copy_gbs, "sum long rows", lambda x: x.sum(-1), r(16, 393216))
         if "softmax" in which:
-            case(timer, copy_gbs, "softmax", lambda x: torch.softmax(x, -1), r(4096, 8192))
+            case(copy_gbs, "softmax", lambda x: torch.softmax(x, -1), r(4096, 8192))
         if "softmax_long" in which:
-            case(timer, copy_gbs, "softmax long rows", lambda x: torch.softmax(x, -1), r(16, 393216),
+            case(copy_gbs, "softmax long rows", lambda x: torch.softmax(x, -1), r(16, 393216),
                  shared_split_launches)
 
 
