@@ -40,6 +40,7 @@ def _child(args: argparse.Namespace) -> None:
 
     from .suite.problem import build, make_call
     from .suite.registry import select
+    from .suite.settle import compile_until_settled
 
     problem, = select(only=[args.problem])
     device = "cpu" if args.dry_run else "cuda"
@@ -70,17 +71,14 @@ def _child(args: argparse.Namespace) -> None:
         decisions = decided(0)
         result |= {"tasks": len(decisions), "ours": sum(bool(d.winner_key) for d in decisions),
                    "queued": background.pending()}
-        later = []
-        for _ in range(3 if args.settle else 0):  # a priming run: what later processes will find
-            background.refresh(wait=True, timeout_s=args.settle)
+
+        def again() -> tuple[float, list]:
             seen = len(backend.reports)
-            later.append(timed(call, time.perf_counter()))
-            decisions = decided(seen)
-            if not background.pending():
-                break
-        if later:
-            result |= {"later_s": later, "pending_at_exit": background.pending(),
-                       "ours_after": sum(bool(d.winner_key) for d in decisions)}
+            return timed(call, time.perf_counter()), decided(seen)
+        if args.settle:  # a priming run: what later processes will find
+            later = compile_until_settled(again, args.settle)
+            result |= {"later_s": [seconds for seconds, _ in later], "pending_at_exit": background.pending(),
+                       "ours_after": sum(bool(d.winner_key) for d in later[-1][1])}
     print(RESULT_PREFIX + json.dumps(result), flush=True)
 
 

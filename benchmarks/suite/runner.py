@@ -22,6 +22,7 @@ from agent_backend import background, backend
 
 from . import correctness, kernels, timing
 from .problem import Problem, build, make_call
+from .settle import compile_until_settled
 
 NETWORK_LEVEL = 3  # the suite's level of small networks and transformers
 
@@ -123,21 +124,14 @@ def _measure(problem: Problem, dtype: str, cfg: RunConfig) -> dict:
 
 
 def _settle(calls: dict, cfg: RunConfig) -> tuple[list, list, list, dict]:
-    """What a user of mode="background" meets on later compiles: wait (up to cfg.settle_s) for
-    the background work the last compile queued, compile ours again, and repeat while that
-    compile queued more (an in-context check follows the searches), at most 3 times; then
-    compile Inductor again (fresh cache directory) as the baseline for the last one. Returns the
-    last outputs and decisions of ours, Inductor's, and the compile times."""
-    ours_s = []
-    for _ in range(3):
-        background.refresh(wait=True, timeout_s=cfg.settle_s)
-        ours, seconds, decisions = _compile_ours(calls, cfg)
-        ours_s.append(seconds)
-        if not background.pending():
-            break
+    """Ours compiled again once the background work settles (settle.compile_until_settled, up to
+    cfg.settle_s a wait), then Inductor again (fresh cache directory) as the baseline for the last
+    one. Returns the last outputs and decisions of ours, Inductor's, and the compile times."""
+    later = compile_until_settled(lambda: _compile_ours(calls, cfg), cfg.settle_s)
+    ours, _, decisions = later[-1]
     theirs, inductor_s = _first_call(calls["inductor"], cfg.device, cfg.compile_dir)
-    return ours, theirs, decisions, {"ours_later": ours_s, "inductor_again": inductor_s,
-                                     "pending_at_timing": background.pending()}
+    return ours, theirs, decisions, {"ours_later": [seconds for _, seconds, _ in later],
+                                     "inductor_again": inductor_s, "pending_at_timing": background.pending()}
 
 
 class _AddOne(torch.nn.Module):
