@@ -30,9 +30,6 @@ from agent_backend.search import search_task  # noqa: E402
 from benchmarks.suite.timing import copy_bytes_per_s  # noqa: E402
 
 
-COPY_BYTES = 1 << 30  # the copy whose rate the achieved bandwidth is a fraction of
-
-
 def cases():
     """name -> (function, inputs); each function is one pointwise chain."""
     def r(*shape, dtype=torch.float32):
@@ -72,7 +69,7 @@ def run_cases(only: str | None = None, make_cases=cases, kind: str = "pointwise"
     # Its own pool, closed at the end (not the process-wide one the backend shares).
     with Environment(precision=user_precision(settings), min_speedup=settings.min_speedup) as env:
         policy = BuiltinPolicy()
-        copy_gbs = copy_bytes_per_s("cuda", COPY_BYTES) / 1e9
+        copy_gbs = copy_bytes_per_s("cuda") / 1e9
         rows = []
         for name, (fn, inputs) in make_cases().items():
             if only and only not in name:

@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 from agent_backend.explain import tasks_of, trace_tasks  # noqa: E402
 from agent_backend.task import load_program  # noqa: E402
 from benchmarks.suite.timing import copy_bytes_per_s, time_interleaved  # noqa: E402
-from pointwise import COPY_BYTES, Fn  # noqa: E402
+from pointwise import Fn  # noqa: E402
 from skills.rows import propose  # noqa: E402
 from skills.rows.candidates import model_source, tag  # noqa: E402
 from skills.rows.codegen import Launch  # noqa: E402
@@ -81,7 +81,7 @@ def case(copy_gbs: float, label: str, fn, x: torch.Tensor, extra=None) -> None:
 
 def main(which: list[str]) -> None:
     device = torch.device("cuda:0")
-    copy_gbs = copy_bytes_per_s("cuda", COPY_BYTES) / 1e9
+    copy_gbs = copy_bytes_per_s("cuda") / 1e9
     for dtype in (torch.bfloat16, torch.float32):
         def r(*shape):
             return torch.randn(*shape, device=device, dtype=dtype)

@@ -30,8 +30,6 @@ from .problem import DTYPES
 from .registry import select
 from .runner import RunConfig, run_problem, warm_up
 
-COPY_BYTES = {"cuda": 1 << 30, "cpu": 64 << 20}
-
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.suite", description=__doc__,
@@ -98,7 +96,7 @@ def _print_summaries(rows: list[dict]) -> None:
 
 def run_suite(problems, args, command: list[str], options: dict) -> report.ReportWriter:
     device = "cpu" if args.dry_run else "cuda"
-    copy_rate = timing.copy_bytes_per_s(device, COPY_BYTES[device])
+    copy_rate = timing.copy_bytes_per_s(device)
     run = _run_header(args, command, device, options, copy_rate)
     json_path, md_path = report.output_paths(args.out, run["gpu_short"], run["date"], args.dry_run)
     writer = report.ReportWriter(run, json_path, md_path)

@@ -42,9 +42,13 @@ def time_interleaved(contenders: dict[str, Callable[[], object]], rounds: int, c
     return {name: summarize(timings, drain_floor_ms) for name, timings in samples.items()}
 
 
-def copy_bytes_per_s(device: str, nbytes: int) -> float:
-    """A large device-to-device copy's rate, counting bytes read plus bytes written (the unit a
-    problem's floor_bytes is in): median of 20 copies."""
+COPY_BYTES = {"cuda": 1 << 30, "cpu": 64 << 20}  # the copy floors are measured with, per device type
+
+
+def copy_bytes_per_s(device: str) -> float:
+    """A large device-to-device copy's rate (COPY_BYTES), counting bytes read plus bytes written
+    (the unit a problem's floor_bytes is in): median of 20 copies."""
+    nbytes = COPY_BYTES[device]
     copy = copy_call(2 * nbytes, device)  # the gate's copy: a memcpy of nbytes
     ms = time_interleaved({"copy": copy}, rounds=1, calls=20, device=device, warmup=3)["copy"]["median"]
     return 2 * nbytes / (ms * 1e-3)
