@@ -4,7 +4,8 @@ whole tensor: a read; a one-element add: the smallest kernel), timed as the suit
 (benchmarks/suite/timing.py: the worker's timer, L2 write flush, the host's launch hidden; the
 first contender moves on by one each round).
 
-    python benchmarks/rows_ceiling.py [lse] [sum] [softmax] [softmax_long]   # default: all, bf16 then fp32
+    python benchmarks/rows_ceiling.py [lse] [sum] [softmax] [groupnorm] [softmax_long]
+    # default: all, bf16 then fp32
 
 softmax_long (16 x 393216) also times split launch shapes (SHARED_SPLITS): a row split over fewer
 blocks of a cooperative grid, each holding its slice in up to 196 KB of shared memory. Probed on
@@ -37,6 +38,8 @@ ROUNDS = 30
 # (threads, split) of shared-memory split rows: 256 blocks of 256 threads (2 an SM, 96 KB each in
 # fp32) and 128 of 512 or 1024 (one an SM, 192 KB in fp32), at 16 rows
 SHARED_SPLITS = ((256, 16), (512, 8), (1024, 8))
+# (threads, cluster) of rows held in registers over a cluster of blocks (GroupNorm: 512 rows of 32768)
+CLUSTER_SHAPES = ((128, 2), (256, 2), (128, 4), (256, 4), (512, 2), (128, 8), (256, 8))
 PLAIN = ("clone (copy)", "amax all (read)", "tiny kernel")  # the same bytes, not the task: not checked
 
 
@@ -44,31 +47,43 @@ def shared_split_launches(plan) -> list[Launch]:
     return [Launch(threads, 1, plan.vector_width, "shared", split=split) for threads, split in SHARED_SPLITS]
 
 
-def contenders(fn, x, extra=None) -> dict:
-    """Every proposed candidate (and those `extra(plan)` launches), Inductor, eager and the plain kernels."""
-    (task,) = [t for t in tasks_of(trace_tasks(Fn(fn), [x], backward=False, min_ops=1)) if t.kind == "reduction"]
+def cluster_launches(plan) -> list[Launch]:
+    """Many rows each held in registers across a cluster (CLUSTER_SHAPES), which the template
+    offers only while rows x cluster fit twice the SMs."""
+    return [Launch(threads, 1, plan.vector_width, "registers", cluster) for threads, cluster in CLUSTER_SHAPES]
+
+
+def contenders(fn, xs: list, extra=None) -> dict:
+    """Every proposed candidate (and those `extra(plan)` launches), Inductor, eager and the plain
+    kernels (over the first input, the one the rows are read from)."""
+    (task,) = [t for t in tasks_of(trace_tasks(Fn(fn), xs, backward=False, min_ops=1)) if t.kind == "reduction"]
+    x = xs[0]
     named = {c.origin.split(":")[-1]: load_program(c.source, c.origin)["ModelNew"]() for c in propose(task)}
     plan = build_plan(task)
     for launch in extra(plan) if extra else ():
         named.setdefault(tag(plan, launch), load_program(model_source(plan, launch), tag(plan, launch))["ModelNew"]())
     flat, one = x.reshape(-1), torch.zeros(1, device=x.device)
-    named.update(dict(zip(PLAIN, (lambda x: x.clone(), lambda x: torch.amax(flat), lambda x: one.add_(1)))))
+    named.update(dict(zip(PLAIN, (lambda x, *_: x.clone(), lambda *_: torch.amax(flat), lambda *_: one.add_(1)))))
     return named | {"inductor": torch.compile(fn), "eager": fn}
 
 
-def case(copy_gbs: float, label: str, fn, x: torch.Tensor, extra=None) -> None:
-    named = contenders(fn, x, extra)
-    expected = fn(x).float()
+def case(copy_gbs: float, label: str, fn, x: torch.Tensor, extra=None, others: tuple = ()) -> None:
+    """Time `fn(x, *others)` every way `contenders` lists; the floor is x read and written once
+    (the plain kernels move x's bytes)."""
+    xs = [x, *others]
+    named = contenders(fn, xs, extra)
+    expected = fn(*xs).float()
+    atol = 1e-5 if x.dtype == torch.float32 else 4e-2  # a bf16 norm's outputs of about 1 round by 2^-8 of them
     for k, f in list(named.items()):
         try:  # a shape may be refused (a cooperative grid too large) or wrong: say so, time the rest
-            if k not in PLAIN and not torch.allclose(f(x).float(), expected, rtol=2e-2, atol=1e-5):
+            if k not in PLAIN and not torch.allclose(f(*xs).float(), expected, rtol=2e-2, atol=atol):
                 raise ValueError("its result differs from eager's")
-            f(x)
+            f(*xs)
             torch.cuda.synchronize()
         except Exception as e:  # noqa: BLE001
             print(f"  {k:24s} left out: {type(e).__name__}: {str(e)[:200]}", flush=True)
             del named[k]
-    stats = time_interleaved({k: (lambda f=f: f(x)) for k, f in named.items()}, ROUNDS, 1, "cuda")
+    stats = time_interleaved({k: (lambda f=f: f(*xs)) for k, f in named.items()}, ROUNDS, 1, "cuda")
     nbytes = x.numel() * x.element_size()
     print(f"## {label} {tuple(x.shape)} {x.dtype}: {nbytes / 1e6:.1f} MB, floor {nbytes / copy_gbs / 1e3:.1f} us",
           flush=True)
@@ -91,10 +106,14 @@ def main(which: list[str]) -> None:
             case(copy_gbs, "sum long rows", lambda x: x.sum(-1), r(16, 393216))
         if "softmax" in which:
             case(copy_gbs, "softmax", lambda x: torch.softmax(x, -1), r(4096, 8192))
+        if "groupnorm" in which:
+            w, b = r(256), r(256)
+            case(copy_gbs, "groupnorm", lambda x, w, b: torch.nn.functional.group_norm(x, 32, w, b),
+                 r(16, 256, 64, 64), cluster_launches, (w, b))
         if "softmax_long" in which:
             case(copy_gbs, "softmax long rows", lambda x: torch.softmax(x, -1), r(16, 393216),
                  shared_split_launches)
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:] or ["lse", "sum", "softmax", "softmax_long"])
+    main(sys.argv[1:] or ["lse", "sum", "softmax", "groupnorm", "softmax_long"])

@@ -207,6 +207,37 @@ def test_softmax_plan_holds_the_row_and_takes_three_passes():
     assert not any("round_" in line for ps in plan.passes for line in ps.body)
 
 
+def test_softmax_keeps_its_exp_and_multiplies_by_the_sums_reciprocal():
+    """The sum's pass computes each element's exp and keeps it; the epilogue takes it rather than
+    computing it again, and in bf16 multiplies by 1 / sum, computed once a row after the sum."""
+    plan = build_plan(case_task("softmax", bf16))
+    (kept,) = plan.passes[1].keeps
+    assert kept[0] == "float" and any(f"{kept[1]} = pw_exp_fast(" in line for line in plan.passes[1].body)
+    assert plan.epilogue.reusing.takes == (kept,) and plan.epilogue.reusing.reads == ()
+    assert not any("exp" in line for line in plan.epilogue.reusing.body)
+    assert any("pw_exp_fast(" in line for line in plan.epilogue.body)  # where nothing is kept
+    assert plan.passes[1].after[-1] == "const float rcp0 = pw_div_fast(1.0f, v5);"
+    assert "(v4 * rcp0)" in plan.epilogue.reusing.body[0] and not any("div" in line for line in plan.epilogue.body)
+    assert plan.kept_words == 1
+    # fp32: the exp is kept, the division stays a division (correctly rounded, as eager's)
+    wide = build_plan(case_task("softmax", f32))
+    assert wide.passes[1].keeps and not any("rcp" in line for p in wide.sweeps for line in p.after)
+    # nothing costly is computed twice in log_softmax, layernorm or a sum
+    for name in ("log_softmax", "layernorm", "sum_last"):
+        assert build_plan(case_task(name, bf16)).kept_words == 0, name
+
+
+def test_kept_values_live_in_registers_only():
+    """Held in registers, a thread's kept exps are an array its unrolled loops index by constants;
+    in shared memory the epilogue computes the exp again."""
+    plan = build_plan(case_task("softmax", bf16))
+    registers = kernel_source(plan, "k", Launch(64, 1, 8))
+    assert "float keep_v4[2][8];" in registers and "keep_v4[e][v] = v4;" in registers
+    assert "const float v4 = keep_v4[e][v];" in registers and registers.count("pw_exp_fast(v3)") == 1
+    shared = kernel_source(plan, "k", Launch(64, 1, 8, "shared"))
+    assert "keep_" not in shared and shared.count("pw_exp_fast(v3)") == 2
+
+
 def test_layernorm_training_forward_writes_mean_and_rstd_per_row():
     plan = build_plan(case_task("layernorm", f32))
     # two-pass variance on the on-chip row: the mean, then squared deviations from it
@@ -261,8 +292,9 @@ def test_few_long_rows_are_split_over_a_cooperative_grid():
     # a long row held on chip: split at 32 where a slice takes 25 KB of shared memory at most (bf16:
     # 24 KB); where it would take more (fp32: 48 KB), at 16, two blocks an SM of 96 KB; many rows:
     # no split, nor where even half the split's slice would take over 100 KB
+    # (bf16 in registers: each element's exp kept too, 12 words a vector, too many for a cluster of 8)
     softmax = build_plan(resized(case_task("softmax", bf16), (16, 393216)))
-    assert [tag(softmax, c) for c in launch_configs(softmax)] == ["t1024r1v8c8", "t1024r1v8sc4", "t256r1v8sg32"]
+    assert [tag(softmax, c) for c in launch_configs(softmax)] == ["t1024r1v8sc4", "t256r1v8sg32"]
     wide = build_plan(resized(case_task("softmax", f32), (16, 393216)))
     (half,) = [c for c in launch_configs(wide) if c.split > 1]
     assert (half.threads, half.storage, half.split, grid_blocks(wide, half)) == (256, "shared", 16, 256)
@@ -461,11 +493,12 @@ def _tags(task: Task) -> list[str]:
 def test_launch_shapes_follow_the_row_length():
     softmax = case_task("softmax", bf16)
     assert _tags(resized(softmax, (4096, 7))) == ["t1r32v1", "t2r16v1", "t4r16v1"]
-    assert _tags(softmax) == ["t16r2v8", "t32r1v8", "t64r1v8"]  # 125 vectors of 8
+    # 125 vectors of 8, each held (4 words) with its exp kept (8 words): at most two vectors a thread
+    assert _tags(softmax) == ["t64r1v8", "t128r1v8"]
     # 393216 elements of fp32: a cluster of 8 blocks holds a row (192 KB of shared memory each),
     # or 16 blocks of a cooperative grid (96 KB each); of bf16, 32 blocks of one (24 KB each)
     assert _tags(resized(case_task("softmax", f32), (16, 393216))) == ["t1024r1v4sc8", "t256r1v4sg16"]
-    assert _tags(resized(case_task("softmax", bf16), (16, 393216))) == ["t1024r1v8c8", "t1024r1v8sc4", "t256r1v8sg32"]
+    assert _tags(resized(case_task("softmax", bf16), (16, 393216))) == ["t1024r1v8sc4", "t256r1v8sg32"]
     # a sum streams: few long rows are split over a grid, or a cluster
     assert _tags(resized(case_task("sum_last", f32), (1, 393216))) == [
         "t1024r1v4", "t256r1v4g64", "t256r1v4g32", "t1024r1v4c8", "t1024r1v4c4", "t512r1v4c8"]

@@ -8,7 +8,7 @@ import string
 from agent_backend.specs import Candidate
 from skills.pointwise.errors import Unsupported
 
-from .codegen import (TYPICAL_SM_COUNT, WARP, Launch, buffer_bytes, grid_blocks, is_vector_access,
+from .codegen import (TYPICAL_SM_COUNT, WARP, Launch, buffer_bytes, grid_blocks, is_vector_access, keeps_values,
                       kernel_source, lanes, lanes_fit, shared_bytes, vectors_per_thread, workspace_bytes)
 from .plan import RowPlan
 
@@ -39,8 +39,10 @@ def _pow2_at_least(n: int) -> int:
 
 
 def _words(plan: RowPlan, launch: Launch) -> float:
-    """Registers a thread holds its part of the stored rows in."""
+    """Registers a thread holds its part of the stored rows in, with the values kept of them."""
     per_vector = sum(buffer_bytes(plan, k, launch.width) for k in plan.stored) / 4
+    if keeps_values(plan, launch):
+        per_vector += plan.kept_words * launch.width
     return vectors_per_thread(plan, launch) * per_vector
 
 

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from skills.pointwise.codegen import CONVERSIONS
 from skills.pointwise.dtypes import dtype_info, operand_info
@@ -52,6 +52,7 @@ WARP = 32
 FULL_MASK = "0xffffffffu"
 # A scan's tiles each thread loads before it scans them (loads in flight; one __syncthreads a chunk).
 SCAN_TILES = 4
+KEPT = "keep_"  # prefix of the register array a kept element value (Pass.keeps) lives in
 
 
 @dataclass(frozen=True)
@@ -112,6 +113,13 @@ def shared_bytes(plan: RowPlan, launch: Launch) -> int:
         return 0
     return sum(_round16(vectors_per_thread(plan, launch) * launch.block * buffer_bytes(plan, k, launch.width))
                for k in plan.stored)
+
+
+def keeps_values(plan: RowPlan, launch: Launch) -> bool:
+    """Whether costly element values are kept between sweeps (Pass.keeps): where each thread's
+    part of the row is held in registers along it, so the arrays are indexed by the constants
+    of fully unrolled loops."""
+    return launch.storage == "registers" and bool(plan.stored) and plan.along_rows
 
 
 def kernel_source(plan: RowPlan, name: str, launch: Launch) -> str:
@@ -188,7 +196,7 @@ class _Writer:
                   + [f"{dtype_info(o.spec.torch_dtype).storage}* __restrict__ out{k}" for k, o in enumerate(plan.outputs)]
                   + (["unsigned char* ws"] if self.S > 1 else []))
         lines = (self._thread_index() + self._bases() + self._row_reads() + self._lanes(plan.prelude)
-                 + self._load_stored())
+                 + self._load_stored() + self._kept_arrays())
         for p in plan.passes:
             lines += self._pass(p)
         if plan.scan:
@@ -327,6 +335,15 @@ extern "C" __global__ void __launch_bounds__({self._bounds()}) {name}({", ".join
         body = [f"{self._buffer(k)} = {self._global_read(k)};" for k in plan.stored]
         return lines + self._loop(body)
 
+    @property
+    def _keeps(self) -> bool:
+        return keeps_values(self.plan, self.launch)
+
+    def _kept_arrays(self) -> list[str]:
+        if not self._keeps:
+            return []
+        return [f"{ctype} {KEPT}{var}[{self.E}][{self.V}];" for p in self.plan.sweeps for ctype, var in p.keeps]
+
     def _buffer_type(self, k: int) -> str:
         storage = dtype_info(self.plan.inputs[self.plan.accesses[k].input].torch_dtype).storage
         width = self.launch.width
@@ -347,7 +364,13 @@ extern "C" __global__ void __launch_bounds__({self._bounds()}) {name}({", ".join
     def _sweep(self, work: Pass, per_element_end: list[str], before: list[str] = (),
                per_vector_end: list[str] = ()) -> list[str]:
         """A loop over the thread's vectors: read `work.reads`, run `before`, then per element
-        `work.body` and `per_element_end`, then `per_vector_end`."""
+        `work.body` and `per_element_end`, then `per_vector_end` (where values are kept between
+        sweeps, `work.reusing` for reads and body, and the values it keeps stored after it)."""
+        if self._keeps:
+            per_element_end = [f"{KEPT}{var}[e][v] = {var};" for _, var in work.keeps] + list(per_element_end)
+            if work.reusing:
+                takes = tuple(f"const {ctype} {var} = {KEPT}{var}[e][v];" for ctype, var in work.reusing.takes)
+                work = replace(work, reads=work.reusing.reads, body=takes + work.reusing.body)
         reads = [f"const {self._buffer_type(k)} l{k} = {self._global_read(k)};"
                  for k in work.reads if k not in self.plan.stored]
         if self.L > 1:  # each of the thread's rows: its lane of each vector read across them
@@ -599,7 +622,7 @@ extern "C" __global__ void __launch_bounds__({self._bounds()}) {name}({", ".join
 
 # A row's values in the kernel (accesses' values, computed values, accumulators, their shared and
 # workspace slots) and its index: what a thread taking several rows keeps once for each.
-_LANE_LOCAL = re.compile(r"\b((?:a|v|acc|red|ws)\d+)\b")
+_LANE_LOCAL = re.compile(r"\b((?:a|v|acc|red|ws|rcp)\d+)\b")
 _ROW = re.compile(r"\brow\b")
 
 
