@@ -19,6 +19,7 @@ from agent_backend.specs import TensorSpec
 from skills.pointwise.codegen import CONVERSIONS
 from skills.pointwise.dtypes import dtype_info, operand_info
 from skills.pointwise.ops import _FAST
+from skills.rows.codegen import PREFETCH_FUNCTION
 
 EMULATOR = Path(__file__).with_name("cuda_emulator")
 
@@ -47,6 +48,13 @@ inline float pw_sigmoid_fast(float x) { return pw_div_fast(1.0f, 1.0f + pw_exp_f
 inline float pw_silu_fast(float x) { return pw_div_fast(x, 1.0f + pw_exp_fast(-x)); }
 """
 
+# codegen.PREFETCH_FUNCTION: each thread's copy done at once (it reads only its own slots after the wait).
+_EMULATED_PREFETCH = r"""
+inline void rows_prefetch16(void* to, const void* from) { std::memcpy(to, from, 16); }
+inline void rows_prefetch_commit() {}
+inline void rows_prefetch_wait() {}
+"""
+
 
 FLAGS = ("-std=c++20", "-O1", "-pthread", "-w")
 
@@ -70,13 +78,14 @@ def emulated_source(source: str) -> str:
     """`source` as C++ for the emulator."""
     assert CONVERSIONS in source and _FAST in source
     source = source.replace(CONVERSIONS, _EMULATED_CONVERSIONS).replace(_FAST, _EMULATED_FAST)
+    source = source.replace(PREFETCH_FUNCTION, _EMULATED_PREFETCH)
     source = source.replace("#include <cooperative_groups.h>\n", "")
     source = re.sub(r"extern __shared__ __align__\(16\) unsigned char (\w+)\[\];",
                     r"unsigned char* \1 = emu::dynamic_shared();", source)
     ids = itertools.count()
     source = re.sub(r"__shared__ (\w+) (\w+)((?:\[\d+\])*);",
                     lambda m: f"auto& {m[2]} = *emu::shared<{m[1]}{m[3]}>({next(ids)});", source)
-    assert "__shared__" not in source and "asm(" not in source
+    assert "__shared__" not in source and "asm(" not in source and "asm volatile(" not in source
     return '#include "emulator.h"\n' + source
 
 

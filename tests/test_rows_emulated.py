@@ -100,6 +100,11 @@ LONG = {
     "groupnorm_odd": (lambda: case_task("groupnorm", f16, (3, 16, 7, 9)), Launch(32, 1, 1)),
     "groupnorm_1x1": (lambda: case_task("groupnorm", bf16, (5, 16, 1, 1)), Launch(4, 8, 1)),
     "groupnorm_cluster": (lambda: case_task("groupnorm", f32, (2, 16, 16, 16)), Launch(64, 1, 4, "registers", 4)),
+    # one block an SM (132) looping over more rows, each prefetched while the last is worked on:
+    # 2-3 rows a block, the last block's next row past the end
+    "prefetch_softmax_bf16": (lambda: resized(case_task("softmax", bf16), (300, 64)), Launch(4, 1, 8, prefetch=True)),
+    "prefetch_groupnorm_f32": (lambda: case_task("groupnorm", f32, (40, 16, 4, 4)), Launch(8, 1, 4, prefetch=True)),
+    "prefetch_cross_entropy": (lambda: _cross_entropy_tasks(bf16, 140, 120)[0], Launch(8, 1, 8, prefetch=True)),
 }
 
 

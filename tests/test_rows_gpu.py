@@ -114,19 +114,23 @@ def test_shapes(env, name, dtype, shapes):
 
 
 @pytest.mark.parametrize("dtype, shape", [(f16, (3, 16, 7, 9)), (bf16, (5, 16, 1, 1)), (f32, (2, 16, 64, 64)),
-                                          (bf16, (4, 16, 128, 128))], ids=str)
+                                          (bf16, (4, 16, 128, 128)), (bf16, (128, 16, 64, 128)),
+                                          (f32, (40, 16, 64, 64))], ids=str)
 def test_groupnorm_shapes(env, dtype, shape):
     """GroupNorm traces with its shapes written into its reshapes, so each size is traced anew:
-    rows without vectors (H * W = 63), rows of C/G elements (H * W = 1), long rows (clusters)."""
+    rows without vectors (H * W = 63), rows of C/G elements (H * W = 1), long rows (clusters),
+    more long rows than SMs (prefetched: 512 rows of 64 KB, 160 of 64 KB)."""
     task = gpu_task("groupnorm", dtype, shape)
     _assert_candidates_match_eager(task, random_inputs(task.inputs, 0, scale=2.0, device="cuda"))
     _assert_all_pass(env, task)
 
 
-@pytest.mark.parametrize("dtype, rows, classes", [(bf16, 7, 32000), (f32, 3, 50257), (f16, 64, 1000)], ids=str)
+@pytest.mark.parametrize("dtype, rows, classes", [(bf16, 7, 32000), (f32, 3, 50257), (f16, 64, 1000),
+                                                  (bf16, 300, 32000)], ids=str)
 def test_cross_entropy_losses(env, dtype, rows, classes):
     """Each row's loss, its target's log-probability gathered in the kernel: a vocabulary's rows,
-    an odd vocabulary (no vector access), many short rows; targets drawn over the whole row."""
+    an odd vocabulary (no vector access), many short rows, more rows than SMs (prefetched);
+    targets drawn over the whole row."""
     inputs = [torch.randn(rows, classes, dtype=dtype, device="cuda"), torch.randint(0, classes, (rows,), device="cuda")]
     losses = traced_row_tasks(Fn(lambda x, t: F.cross_entropy(x, t)), inputs)[0]
     assert "aten.gather.default" in losses.ops and losses.inputs[1].high == classes

@@ -470,6 +470,26 @@ def test_groupnorm_is_one_task_that_reads_x_once(dtype):
     assert len(x_reads) == 1 and plan.stored == tuple(x_reads)
 
 
+def test_long_rows_of_many_rows_are_also_offered_prefetched():
+    """GroupNorm's 512 rows of 32768 (64 KB in bf16): one block an SM loops over them, taking each
+    row from shared memory (64 KB) and loading the next there meanwhile. Not where rows are short
+    (softmax's 16 KB) or fewer than the SMs, nor in the fallback (2-byte elements)."""
+    plan = build_plan(case_task("groupnorm", bf16, (128, 16, 64, 128)))  # 4 groups of 16 channels
+    assert (plan.rows, plan.row_length) == (512, 32768)
+    (launch,) = [c for c in launch_configs(plan) if c.prefetch]
+    assert tag(plan, launch) == "t512r1v8p" and grid_blocks(plan, launch) == 132
+    assert shared_bytes(plan, launch) == 64 * 1024
+    source = kernel_source(plan, "k", launch)
+    assert "for (idx_t row = (idx_t)blockIdx.x; row < 512; row += gridDim.x) {" in source
+    assert "cp.async.cg.shared.global" in source and source.count("rows_prefetch16(&next0[e * 512 + t]") == 2
+    program = model_source(plan, launch)
+    assert "MAIN_LAUNCH = (132, (512,), 65536, 1, 0)" in program and "FALLBACK_LAUNCH = (512, (512,), 0, 1, 0)" in program
+    assert not any(c.prefetch for c in launch_configs(build_plan(resized(case_task("softmax", bf16), (4096, 8192)))))
+    assert not any(c.prefetch for c in launch_configs(build_plan(case_task("groupnorm", bf16, (32, 16, 64, 128)))))
+    with pytest.raises(ValueError, match="prefetching block"):
+        kernel_source(plan, "k", Launch(512, 1, 1, prefetch=True))
+
+
 def test_the_space_is_refined_only_where_reshapes_line_up():
     assert refine((2, 4, 4, 30), [(2, 16, 5, 6)]) == (2, 4, 4, 5, 6)
     assert runs((2, 4, 4, 5, 6), (2, 16, 5, 6)) == ((0,), (1, 2), (3,), (4,))

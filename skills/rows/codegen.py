@@ -53,6 +53,15 @@ FULL_MASK = "0xffffffffu"
 # A scan's tiles each thread loads before it scans them (loads in flight; one __syncthreads a chunk).
 SCAN_TILES = 4
 KEPT = "keep_"  # prefix of the register array a kept element value (Pass.keeps) lives in
+# A prefetching block's loads of the next row: 16 bytes from global to shared memory, not waited for.
+PREFETCH_FUNCTION = """
+__device__ __forceinline__ void rows_prefetch16(void* to, const void* from) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" :: "r"((unsigned)__cvta_generic_to_shared(to)), "l"(from)
+               : "memory");
+}
+__device__ __forceinline__ void rows_prefetch_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+__device__ __forceinline__ void rows_prefetch_wait() { asm volatile("cp.async.wait_group 0;" ::: "memory"); }
+"""
 
 
 @dataclass(frozen=True)
@@ -63,6 +72,7 @@ class Launch:
     storage: str = "registers"  # where inputs read by several passes are kept: "registers" or "shared"
     cluster: int = 1        # blocks per row (a thread-block cluster); the row is split into slices
     split: int = 1          # or blocks per row of a cooperative grid, combining through global memory
+    prefetch: bool = False  # one block an SM, looping over rows, loading the next into shared memory meanwhile
 
     @property
     def block(self) -> int:
@@ -94,6 +104,8 @@ def vectors_per_thread(plan: RowPlan, launch: Launch) -> int:
 
 
 def grid_blocks(plan: RowPlan, launch: Launch) -> int:
+    if launch.prefetch:
+        return min(plan.rows, TYPICAL_SM_COUNT)
     return -(-plan.rows // (launch.rows * lanes(plan, launch))) * launch.blocks_per_row
 
 
@@ -108,8 +120,9 @@ def workspace_bytes(plan: RowPlan, launch: Launch) -> int:
 
 
 def shared_bytes(plan: RowPlan, launch: Launch) -> int:
-    """Dynamic shared memory the kernel needs (the on-chip copy of its rows, when shared)."""
-    if launch.storage != "shared":
+    """Dynamic shared memory the kernel needs (the on-chip copy of its rows, when shared; the
+    next row's, when prefetched)."""
+    if launch.storage != "shared" and not launch.prefetch:
         return 0
     return sum(_round16(vectors_per_thread(plan, launch) * launch.block * buffer_bytes(plan, k, launch.width))
                for k in plan.stored)
@@ -179,6 +192,10 @@ class _Writer:
             raise ValueError("rows are held in shared memory only along rows")
         if plan.scan and (launch.blocks_per_row > 1 or launch.storage != "registers"):
             raise ValueError("a scan streams its rows, each within one block")
+        if launch.prefetch and not (plan.along_rows and plan.stored and not plan.scan and launch.rows == 1
+                                    and launch.blocks_per_row == 1 and launch.storage == "registers"
+                                    and all(buffer_bytes(plan, k, launch.width) == 16 for k in plan.stored)):
+            raise ValueError("a prefetching block holds one row along it in registers, 16-byte vectors")
         self.plan, self.launch = plan, launch
         self.T, self.R, self.C, self.S = launch.threads, launch.rows, launch.cluster, launch.split
         self.V, self.L = along_width(plan, launch), lanes(plan, launch)
@@ -195,21 +212,17 @@ class _Writer:
                    for k, s in enumerate(plan.inputs)]
                   + [f"{dtype_info(o.spec.torch_dtype).storage}* __restrict__ out{k}" for k, o in enumerate(plan.outputs)]
                   + (["unsigned char* ws"] if self.S > 1 else []))
-        lines = (self._thread_index() + self._bases() + self._row_reads() + self._lanes(plan.prelude)
-                 + self._load_stored() + self._kept_arrays())
-        for p in plan.passes:
-            lines += self._pass(p)
-        if plan.scan:
-            lines += self._scan()
-        elif self._element_outputs():
-            lines += self._epilogue()
-        lines += self._row_stores()
+        if self.launch.prefetch:
+            lines = self._prefetching_rows()
+        else:
+            lines = self._thread_index() + self._bases() + self._row_work(self._load_stored())
         if self.C > 1:  # no block may leave while another still reads its shared memory
             lines.append("cluster.sync();")
         lines = _drop_unused(lines, ["t", "slot"])
         include = "#include <cooperative_groups.h>\nnamespace cg = cooperative_groups;\n" if self.B > 1 else ""
         return f"""{include}{CONVERSIONS}
 {DEVICE_FUNCTIONS}
+{PREFETCH_FUNCTION if self.launch.prefetch else ""}
 
 typedef {"long long" if plan.wide_index else "int"} idx_t;
 
@@ -217,6 +230,43 @@ extern "C" __global__ void __launch_bounds__({self._bounds()}) {name}({", ".join
 {_indent(lines, 2)}
 }}
 """
+
+    def _row_work(self, load_stored: list[str]) -> list[str]:
+        """From a row's per-row reads (its bases known) to its stores."""
+        lines = self._row_reads() + self._lanes(self.plan.prelude) + load_stored + self._kept_arrays()
+        for p in self.plan.passes:
+            lines += self._pass(p)
+        if self.plan.scan:
+            lines += self._scan()
+        elif self._element_outputs():
+            lines += self._epilogue()
+        return lines + self._row_stores()
+
+    def _prefetching_rows(self) -> list[str]:
+        """One block an SM loops over rows, blockIdx.x, + gridDim.x, ...: it takes each row's
+        vectors from shared memory into registers, starts loading the next row's (cp.async,
+        each thread its own slots), then works on this one, so that a row's loads overlap the
+        last one's reductions and stores (on an H200, GroupNorm over 512 rows of 32768 bf16
+        elements: 1.16x the kernel that loads each row when it starts, one block an SM too)."""
+        rows = self.plan.rows
+        slots, offset = [], 0
+        for k in self.plan.stored:
+            slots.append(f"{self._buffer_type(k)}* next{k} = reinterpret_cast<{self._buffer_type(k)}*>(rows_smem + {offset});")
+            offset += _round16(self.E * self.launch.block * buffer_bytes(self.plan, k, self.V))
+        fetch = self._loop([f"rows_prefetch16(&next{k}[e * {self.launch.block} + t], {self._global_pointer(k)});"
+                            for k in self.plan.stored]) + ["rows_prefetch_commit();"]
+        take = ([f"{self._buffer_type(k)} buf{k}[{self.E}];" for k in self.plan.stored] + ["rows_prefetch_wait();"]
+                + self._loop([f"buf{k}[e] = next{k}[e * {self.launch.block} + t];" for k in self.plan.stored]))
+        first = ["{", "  const idx_t row = (idx_t)blockIdx.x;", "  const bool row_ok = true;"]
+        ahead = ["{", "  const idx_t row = next_row;", f"  const bool row_ok = row < {rows};"]
+        bases = self._bases()
+        body = (["const bool row_ok = true;"] + bases + take + ["const idx_t next_row = row + gridDim.x;"]
+                + ahead + _indent_lines(bases + fetch) + ["}"] + self._row_work([]) + [
+                    "__syncthreads();  // the row's shared reductions are read before the next row's are written"])
+        return (["const int t = threadIdx.x;", "const int slot = 0;",
+                 "extern __shared__ __align__(16) unsigned char rows_smem[];"] + slots
+                + first + _indent_lines(bases + fetch) + ["}"]
+                + [f"for (idx_t row = (idx_t)blockIdx.x; row < {rows}; row += gridDim.x) {{"] + _indent_lines(body) + ["}"])
 
     def _bounds(self) -> str:
         """The block size, and for a cooperative grid the blocks an SM must hold (so the compiler
@@ -304,13 +354,16 @@ extern "C" __global__ void __launch_bounds__({self._bounds()}) {name}({", ".join
 
     def _global_read(self, k: int) -> str:
         """The vector (or element) of access k at the element j0."""
+        return f"*{self._global_pointer(k)}"
+
+    def _global_pointer(self, k: int) -> str:
         a = self.plan.accesses[k]
         address = f"in{a.input} + a{k}_base + {self._offset(a.inner, 'j0')}"
         width = self.launch.width
         if is_vector_access(self.plan, k, width):
             storage = dtype_info(self.plan.inputs[a.input].torch_dtype).storage
-            return f"*reinterpret_cast<const Vec<{storage}, {width}>*>({address})"
-        return f"*({address})"
+            return f"reinterpret_cast<const Vec<{storage}, {width}>*>({address})"
+        return f"({address})"
 
     def _element(self, k: int, holder: str) -> str:
         """Access k's value at lane v of the vector in `holder`, in its compute type."""
@@ -657,5 +710,9 @@ def _dot(prefix: str, strides: tuple[int, ...]) -> str:
     return " + ".join(terms) or "0"
 
 
+def _indent_lines(lines: list[str], spaces: int = 2) -> list[str]:
+    return [" " * spaces + line for line in lines]
+
+
 def _indent(lines: list[str], spaces: int) -> str:
-    return "\n".join(" " * spaces + line for line in lines)
+    return "\n".join(_indent_lines(lines, spaces))

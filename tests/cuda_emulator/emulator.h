@@ -32,7 +32,7 @@
 struct emu_dim3 {
   unsigned x = 0, y = 0, z = 0;
 };
-thread_local emu_dim3 threadIdx, blockIdx;
+thread_local emu_dim3 threadIdx, blockIdx, gridDim;
 
 inline float __uint_as_float(unsigned u) { float f; std::memcpy(&f, &u, 4); return f; }
 inline unsigned __float_as_uint(float f) { unsigned u; std::memcpy(&u, &f, 4); return u; }
@@ -124,7 +124,7 @@ T shuffle_from(T value, unsigned source) {
 struct ThreadStart {
   Block* block;
   Grid* grid;
-  unsigned block_index, linear, block_x;
+  unsigned block_index, linear, block_x, grid_x;
   const std::function<void()>* kernel;
 };
 
@@ -134,6 +134,7 @@ inline void* run_thread(void* arg) {
   grid = start.grid;
   linear = start.linear;
   blockIdx = {start.block_index, 0, 0};
+  gridDim = {start.grid_x, 1, 1};
   threadIdx = {start.linear % start.block_x, start.linear / start.block_x, 0};
   (*start.kernel)();
   return nullptr;
@@ -172,7 +173,7 @@ inline void launch(unsigned blocks_in_grid, unsigned block_x, unsigned block_y, 
     std::vector<ThreadStart> starts;
     starts.reserve(threads * together);
     for (unsigned r = 0; r < together; ++r) {
-      for (unsigned t = 0; t < threads; ++t) starts.push_back({blocks[r].get(), &whole, first + r, t, block_x, &kernel});
+      for (unsigned t = 0; t < threads; ++t) starts.push_back({blocks[r].get(), &whole, first + r, t, block_x, blocks_in_grid, &kernel});
     }
     pthread_attr_t attr;
     pthread_attr_init(&attr);
