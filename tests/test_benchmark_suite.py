@@ -203,12 +203,17 @@ def test_dry_run_through_the_backend_writes_json_and_markdown(tmp_path, capsys):
         each = row["subgraphs"]["each"]
         assert len(each) == row["subgraphs"]["tasks"] and not any(t["ours"] or t["gated"] for t in each)
     assert rows["mlp_train"]["mode"] == "train" and rows["mlp_train"]["floor"] is None
-    assert rows["softmax"]["floor"]["bytes"] == 2 * 4 * 64 * 4  # a 4x64 fp32 input read, its softmax written
+    floor = rows["softmax"]["floor"]
+    assert floor["bytes"] == 2 * 4 * 64 * 4  # a 4x64 fp32 input read, its softmax written
+    # a copy of as many bytes timed beside the contenders, not reported as one of them
+    assert floor["copy_ms"] > 0 and "copy" not in rows["softmax"]["ms"]
+    assert floor["pct_of_copy"]["ours"] == pytest.approx(100 * floor["copy_ms"] / rows["softmax"]["ms"]["ours"]["median"])
     assert {s["scope"] for s in data["summary"]} >= {"level 1", "level 2", "level 3", "group rewrites", "all"}
     assert next(s for s in data["summary"] if s["scope"] == "all")["timed"] == 3
     markdown = Path(json_path.with_suffix(".md")).read_text()
     assert "| problem | dtype | mode | ours ms | Inductor ms | eager ms | vs Inductor |" in markdown
     assert all(f"| {name} | fp32 |" in markdown for name in rows)
+    assert "% (of a copy: " in markdown
     assert "[L1 softmax fp32] ours" in capsys.readouterr().out
 
 

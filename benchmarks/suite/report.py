@@ -78,8 +78,9 @@ def _kernels_cell(row: dict) -> str:
 def _floor_cell(row: dict) -> str:
     if not row["floor"]:
         return "-"
-    pct = row["floor"]["pct"]
-    return f"{pct['ours']:.0f}% / {pct['inductor']:.0f}%"
+    pct, of_copy = row["floor"]["pct"], row["floor"].get("pct_of_copy")
+    copy = f" (of a copy: {of_copy['ours']:.0f}% / {of_copy['inductor']:.0f}%)" if of_copy else ""
+    return f"{pct['ours']:.0f}% / {pct['inductor']:.0f}%{copy}"
 
 
 def _cells(row: dict) -> list[str]:
@@ -130,7 +131,9 @@ def _table(header: list[str], rows: list[list[str]]) -> list[str]:
 def markdown(run: dict, rows: list[dict]) -> str:
     lines = [f"# cuda-agent benchmark suite: {run['gpu']}, torch {run['torch']}, {run['date']}", "",
              f"`{run['command']}`", "",
-             f"Device-to-device copy (floors): {run['copy_gb_s']:.0f} GB/s. Timing: {run['rounds']} rounds x "
+             f"Device-to-device copy (floors): {run['copy_gb_s']:.0f} GB/s; a problem's floor is its bytes at that "
+             "rate, and a copy of as many bytes is timed beside it (\"of a copy\"). Timing: "
+             f"{run['rounds']} rounds x "
              f"{run['calls']} calls per contender, interleaved; {run['timer']}; medians of GPU time. "
              f"Backend options: `{json.dumps(run['options'], sort_keys=True)}`. Precision: "
              f"`{json.dumps(run['precision'], sort_keys=True)}`.", ""]

@@ -19,6 +19,7 @@ import torch
 from torch._inductor.utils import fresh_cache
 
 from agent_backend import background, backend
+from agent_backend.env.floors import copy_call
 
 from . import correctness, kernels, timing
 from .problem import Problem, build, make_call
@@ -73,14 +74,21 @@ def _correctness(ours: list, theirs: list, expected: list, dtype: str, tolerance
     return {"ours": ours_check, "inductor": inductor_check}
 
 
-def _floor(problem: Problem, inputs: list, outputs: list, ms: dict, copy_bytes_per_s: float) -> dict | None:
-    """The problem's bytes at the copy rate, and what fraction of it ours and Inductor reach."""
-    if problem.floor_bytes is None or problem.train:
+def _floor_bytes(problem: Problem, inputs: list, outputs: list) -> int | None:
+    return None if problem.floor_bytes is None or problem.train else problem.floor_bytes(inputs, outputs)
+
+
+def _floor(nbytes: int | None, ms: dict, copy: dict | None, copy_bytes_per_s: float) -> dict | None:
+    """The problem's bytes at a large copy's rate, and what fraction of it ours and Inductor
+    reach; and of a copy of as many bytes timed beside them, which pays what any kernel of that
+    size pays under the timer (its launch, the flushed L2's write-back): the floor it can reach."""
+    if nbytes is None:
         return None
-    nbytes = problem.floor_bytes(inputs, outputs)
     floor_ms = nbytes / copy_bytes_per_s * 1e3
-    return {"bytes": nbytes, "ms": floor_ms,
-            "pct": {name: 100 * floor_ms / ms[name]["median"] for name in ("ours", "inductor")}}
+    names = ("ours", "inductor")
+    return {"bytes": nbytes, "ms": floor_ms, "copy_ms": copy["median"],
+            "pct": {name: 100 * floor_ms / ms[name]["median"] for name in names},
+            "pct_of_copy": {name: 100 * copy["median"] / ms[name]["median"] for name in names}}
 
 
 def _warm_up_like(problem: Problem, dtype: str, cfg: RunConfig) -> None:
@@ -112,15 +120,18 @@ def _measure(problem: Problem, dtype: str, cfg: RunConfig) -> dict:
     checks = _correctness(ours, theirs, expected, dtype, problem.tolerance)
     del ours, theirs
 
+    floor_bytes = _floor_bytes(problem, inputs, expected)
+    same_bytes = {"copy": copy_call(floor_bytes, cfg.device)} if floor_bytes else {}
     before = kernels.winner_calls()
-    ms = timing.time_interleaved(calls, cfg.rounds, cfg.calls, cfg.device)
+    ms = timing.time_interleaved(calls | same_bytes, cfg.rounds, cfg.calls, cfg.device)
     after = kernels.winner_calls()
+    copy_ms = ms.pop("copy", None)
     return {"sizes": dict(vars(problem.sizes(cfg.small))), "ms": ms,
             "vs_inductor": ms["inductor"]["median"] / ms["ours"]["median"],
             "vs_eager": ms["eager"]["median"] / ms["ours"]["median"],
             "compile_s": compile_s, "correct": checks,
             "kernels": kernels.kernels_run(before, after, decisions), "subgraphs": kernels.subgraph_summary(decisions),
-            "floor": _floor(problem, inputs, expected, ms, cfg.copy_bytes_per_s)}
+            "floor": _floor(floor_bytes, ms, copy_ms, cfg.copy_bytes_per_s)}
 
 
 def _settle(calls: dict, cfg: RunConfig) -> tuple[list, list, list, dict]:
