@@ -221,8 +221,7 @@ class _Writer:
         lines = _drop_unused(lines, ["t", "slot"])
         include = "#include <cooperative_groups.h>\nnamespace cg = cooperative_groups;\n" if self.B > 1 else ""
         return f"""{include}{CONVERSIONS}
-{DEVICE_FUNCTIONS}
-{PREFETCH_FUNCTION if self.launch.prefetch else ""}
+{DEVICE_FUNCTIONS}{PREFETCH_FUNCTION if self.launch.prefetch else ""}
 
 typedef {"long long" if plan.wide_index else "int"} idx_t;
 
