@@ -12,6 +12,12 @@ blocks of a cooperative grid, each holding its slice in up to 196 KB of shared m
 an H200 (2026-11-26, probes-*-sixteenth.log): fp32 at 256 threads x 16 blocks 1.41x Inductor, the
 cluster kernel 0.99x; the template has proposed that shape for fp32 since (bf16 keeps 32 blocks).
 
+groupnorm (512 rows of 32768) also times rows held in registers over clusters of 2-8 blocks
+(CLUSTER_SHAPES), which the template offers only for few rows. On an H200 (2026-11-26,
+rows_ceiling-*-seventeenth-groupnorm-*.txt) they took 30.1-40.7 us in bf16 against the template's
+31.5-33.5 us, and 43.9-51.6 us in fp32 against 44.6-45.2 us: not worth proposing. The prefetching
+shape (t512r1v8p, 26.9 us) is proposed.
+
 On an H100 (2026-11-25, benchmarks/results/rows_probe-*-thirteenth.txt) a read-only reduction took
 about as long as a clone of its input, and the smallest kernel 3.6 us: the bytes over the copy rate
 are not a floor such a task can approach.
