@@ -46,6 +46,7 @@ inline float pw_exp_fast(float x) { return exp2f(x * 1.44269504088896341f); }
 inline float pw_div_fast(float a, float b) { return a / b; }
 inline float pw_sigmoid_fast(float x) { return pw_div_fast(1.0f, 1.0f + pw_exp_fast(-x)); }
 inline float pw_silu_fast(float x) { return pw_div_fast(x, 1.0f + pw_exp_fast(-x)); }
+inline float pw_one_plus_tanh_fast(float z) { return 2.0f / (1.0f + pw_exp_fast(-2.0f * z)); }
 """
 
 # codegen.PREFETCH_FUNCTION: each thread's copy done at once (it reads only its own slots after the wait).

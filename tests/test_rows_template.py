@@ -61,6 +61,17 @@ class ResidualLayerNorm(nn.Module):
         return self.norm(x + residual)
 
 
+class LayerNormGelu(nn.Module):
+    """Inference (frozen weights, so no fp32 statistics are saved): every output is in x's dtype."""
+
+    def __init__(self, dim: int, dtype: torch.dtype):
+        super().__init__()
+        self.norm = nn.LayerNorm(dim, dtype=dtype).requires_grad_(False)
+
+    def forward(self, x):
+        return F.gelu(self.norm(x), approximate="tanh")
+
+
 def _randn(shape, dtype, device, seed=0):
     g = torch.Generator().manual_seed(seed)
     return torch.randn(*shape, generator=g, dtype=torch.float64).to(dtype).to(device)
@@ -98,6 +109,7 @@ CASES = {
     "batchnorm": (lambda dt: nn.BatchNorm2d(8, dtype=dt), _one, (4, 8, 5, 7)),  # over (N, H, W), training
     # over (C/G, H, W) of x seen as (N, G, C/G, H * W), scale and shift per channel of x itself
     "groupnorm": (lambda dt: nn.GroupNorm(4, 16, dtype=dt), _one, (2, 16, 5, 6)),
+    "layernorm_gelu_tanh": (lambda dt: LayerNormGelu(1000, dt), _one, (8, 1000)),
     "softmax_transposed": (lambda dt: nn.Softmax(-1),
                            lambda shape: lambda dtype, device: [_randn(shape[::-1], dtype, device).t()], (8, 1000)),
 }
@@ -225,6 +237,20 @@ def test_softmax_keeps_its_exp_and_multiplies_by_the_sums_reciprocal():
     # nothing costly is computed twice in log_softmax, layernorm or a sum
     for name in ("log_softmax", "layernorm", "sum_last"):
         assert build_plan(case_task(name, bf16)).kept_words == 0, name
+
+
+def test_one_plus_tanh_is_the_fast_sigmoid_form_where_results_are_bf16():
+    """A decomposed tanh GELU's 1 + tanh(z) becomes 2 sigmoid(2 z) (pw_one_plus_tanh_fast) where
+    every output is rounded to bf16; in fp32 it stays tanhf's, and so where fp32 statistics are
+    saved for a backward (a LayerNorm whose weights train)."""
+    fast = build_plan(case_task("layernorm_gelu_tanh", bf16)).epilogue.body
+    assert sum("pw_one_plus_tanh_fast(" in line for line in fast) == 1
+    assert not any(re.search(r"= \(v\d+ \+ 1\.0f\);", line) for line in fast)
+    assert not any("one_plus_tanh" in line for line in build_plan(case_task("layernorm_gelu_tanh", f32)).epilogue.body)
+    training = Fn(lambda x, w: F.gelu(F.layer_norm(x, (1000,), w), approximate="tanh"))
+    inputs = [_randn((8, 1000), bf16, "cpu"), _randn((1000,), bf16, "cpu").requires_grad_()]
+    (task,) = traced_row_tasks(training, inputs)
+    assert not any("one_plus_tanh" in line for line in build_plan(_on_cuda(task)).epilogue.body)
 
 
 def test_kept_values_live_in_registers_only():
