@@ -138,9 +138,9 @@ def _prefetching(plan: RowPlan, held: list[Launch]) -> list[Launch]:
     if not held or plan.rows <= TYPICAL_SM_COUNT:
         return []
     c = dataclasses.replace(held[0], prefetch=True)
-    row_bytes = vectors_per_thread(plan, c) * c.threads * sum(buffer_bytes(plan, k, c.width) for k in plan.stored)
-    fits = shared_bytes(plan, c) <= SHARED_BYTES and all(buffer_bytes(plan, k, c.width) == 16 for k in plan.stored)
-    return [c] if fits and row_bytes >= PREFETCH_ROW_BYTES else []
+    row_bytes = shared_bytes(plan, c)  # the next row's copy: the row as the block holds it
+    vectors = all(buffer_bytes(plan, k, c.width) == 16 for k in plan.stored)
+    return [c] if vectors and PREFETCH_ROW_BYTES <= row_bytes <= SHARED_BYTES else []
 
 
 def _split_rows(plan: RowPlan) -> list[Launch]:
