@@ -121,7 +121,7 @@ def _measure(problem: Problem, dtype: str, cfg: RunConfig) -> dict:
     del ours, theirs
 
     floor_bytes = _floor_bytes(problem, inputs, expected)
-    same_bytes = {"copy": copy_call(floor_bytes, cfg.device)} if floor_bytes else {}
+    same_bytes = {"copy": copy_call(floor_bytes, cfg.device)} if floor_bytes is not None else {}
     before = kernels.winner_calls()
     ms = timing.time_interleaved(calls | same_bytes, cfg.rounds, cfg.calls, cfg.device)
     after = kernels.winner_calls()

@@ -8,8 +8,8 @@ import string
 from agent_backend.specs import Candidate
 from skills.pointwise.errors import Unsupported
 
-from .codegen import (TYPICAL_SM_COUNT, WARP, Launch, buffer_bytes, grid_blocks, is_vector_access, keeps_values,
-                      kernel_source, lanes, lanes_fit, shared_bytes, vectors_per_thread, workspace_bytes)
+from .codegen import (TYPICAL_SM_COUNT, WARP, Launch, buffer_bytes, can_prefetch, grid_blocks, is_vector_access,
+                      keeps_values, kernel_source, lanes, lanes_fit, shared_bytes, vectors_per_thread, workspace_bytes)
 from .plan import RowPlan
 
 REGISTER_WORDS = 32        # 32-bit registers a thread may spend on its part of the on-chip rows
@@ -139,8 +139,7 @@ def _prefetching(plan: RowPlan, held: list[Launch]) -> list[Launch]:
         return []
     c = dataclasses.replace(held[0], prefetch=True)
     row_bytes = shared_bytes(plan, c)  # the next row's copy: the row as the block holds it
-    vectors = all(buffer_bytes(plan, k, c.width) == 16 for k in plan.stored)
-    return [c] if vectors and PREFETCH_ROW_BYTES <= row_bytes <= SHARED_BYTES else []
+    return [c] if can_prefetch(plan, c) and PREFETCH_ROW_BYTES <= row_bytes <= SHARED_BYTES else []
 
 
 def _split_rows(plan: RowPlan) -> list[Launch]:

@@ -135,6 +135,14 @@ def keeps_values(plan: RowPlan, launch: Launch) -> bool:
     return launch.storage == "registers" and bool(plan.stored) and plan.along_rows
 
 
+def can_prefetch(plan: RowPlan, launch: Launch) -> bool:
+    """Whether `launch` may prefetch (Launch.prefetch): one row a block, along it, held in
+    registers, read in 16-byte vectors (cp.async's size)."""
+    return (plan.along_rows and bool(plan.stored) and not plan.scan and launch.rows == 1
+            and launch.blocks_per_row == 1 and launch.storage == "registers"
+            and all(buffer_bytes(plan, k, launch.width) == 16 for k in plan.stored))
+
+
 def kernel_source(plan: RowPlan, name: str, launch: Launch) -> str:
     return _Writer(plan, launch).source(name)
 
@@ -192,9 +200,7 @@ class _Writer:
             raise ValueError("rows are held in shared memory only along rows")
         if plan.scan and (launch.blocks_per_row > 1 or launch.storage != "registers"):
             raise ValueError("a scan streams its rows, each within one block")
-        if launch.prefetch and not (plan.along_rows and plan.stored and not plan.scan and launch.rows == 1
-                                    and launch.blocks_per_row == 1 and launch.storage == "registers"
-                                    and all(buffer_bytes(plan, k, launch.width) == 16 for k in plan.stored)):
+        if launch.prefetch and not can_prefetch(plan, launch):
             raise ValueError("a prefetching block holds one row along it in registers, 16-byte vectors")
         self.plan, self.launch = plan, launch
         self.T, self.R, self.C, self.S = launch.threads, launch.rows, launch.cluster, launch.split
@@ -248,10 +254,6 @@ extern "C" __global__ void __launch_bounds__({self._bounds()}) {name}({", ".join
         last one's reductions and stores (on an H200, GroupNorm over 512 rows of 32768 bf16
         elements: 1.16x the kernel that loads each row when it starts, one block an SM too)."""
         rows = self.plan.rows
-        slots, offset = [], 0
-        for k in self.plan.stored:
-            slots.append(f"{self._buffer_type(k)}* next{k} = reinterpret_cast<{self._buffer_type(k)}*>(rows_smem + {offset});")
-            offset += _round16(self.E * self.launch.block * buffer_bytes(self.plan, k, self.V))
         fetch = self._loop([f"rows_prefetch16(&next{k}[e * {self.launch.block} + t], {self._global_pointer(k)});"
                             for k in self.plan.stored]) + ["rows_prefetch_commit();"]
         take = ([f"{self._buffer_type(k)} buf{k}[{self.E}];" for k in self.plan.stored] + ["rows_prefetch_wait();"]
@@ -262,8 +264,7 @@ extern "C" __global__ void __launch_bounds__({self._bounds()}) {name}({", ".join
         body = (["const bool row_ok = true;"] + bases + take + ["const idx_t next_row = row + gridDim.x;"]
                 + ahead + _indent_lines(bases + fetch) + ["}"] + self._row_work([]) + [
                     "__syncthreads();  // the row's shared reductions are read before the next row's are written"])
-        return (["const int t = threadIdx.x;", "const int slot = 0;",
-                 "extern __shared__ __align__(16) unsigned char rows_smem[];"] + slots
+        return (["const int t = threadIdx.x;", "const int slot = 0;"] + self._shared_copies("next")
                 + first + _indent_lines(bases + fetch) + ["}"]
                 + [f"for (idx_t row = (idx_t)blockIdx.x; row < {rows}; row += gridDim.x) {{"] + _indent_lines(body) + ["}"])
 
@@ -373,19 +374,22 @@ extern "C" __global__ void __launch_bounds__({self._bounds()}) {name}({", ".join
         plan = self.plan
         if not plan.stored:
             return []
-        lines = []
-        offset = 0
-        for k in plan.stored:
-            kind = self._buffer_type(k)
-            if self.launch.storage == "shared":
-                if offset == 0:
-                    lines.append("extern __shared__ __align__(16) unsigned char rows_smem[];")
-                lines.append(f"{kind}* buf{k} = reinterpret_cast<{kind}*>(rows_smem + {offset});")
-                offset += _round16(self.E * self.launch.block * buffer_bytes(plan, k, self.V))
-            else:
-                lines.append(f"{kind} buf{k}[{self.E}];")
+        if self.launch.storage == "shared":
+            lines = self._shared_copies("buf")
+        else:
+            lines = [f"{self._buffer_type(k)} buf{k}[{self.E}];" for k in plan.stored]
         body = [f"{self._buffer(k)} = {self._global_read(k)};" for k in plan.stored]
         return lines + self._loop(body)
+
+    def _shared_copies(self, name: str) -> list[str]:
+        """`<name><k>`: each stored input's copy of the block's rows in dynamic shared memory, one
+        after another (shared_bytes: the whole)."""
+        lines, offset = ["extern __shared__ __align__(16) unsigned char rows_smem[];"], 0
+        for k in self.plan.stored:
+            kind = self._buffer_type(k)
+            lines.append(f"{kind}* {name}{k} = reinterpret_cast<{kind}*>(rows_smem + {offset});")
+            offset += _round16(self.E * self.launch.block * buffer_bytes(self.plan, k, self.V))
+        return lines
 
     @property
     def _keeps(self) -> bool:

@@ -591,12 +591,13 @@ class _Program:
         prelude = tuple(row_lines.get(-1, []))
         sweeps = [[n.args[0] for n, _ in self.partials.get(level, [])] for level in range(levels)]
         sweeps.append([n for n in out_nodes if not self.per_row[n]])  # the epilogue
-        kept_at = self._kept(sweeps)
+        whole = [self._needed(roots) for roots in sweeps]  # each sweep's nodes, nothing kept
+        kept_at = self._kept(sweeps, whole)
         works = []
         for i, roots in enumerate(sweeps):
             earlier = {n for n, at in kept_at.items() if at < i}
             needed = self._needed(roots, earlier)
-            reads, body = self._element_work(roots)
+            reads, _, body = self._work(whole[i], [])
             takes = [n for n in self.b.nodes if n in earlier and n in needed]
             reuse = Reuse(*self._work(needed - earlier, takes)) if takes else None
             keeps = tuple(self._typed(n) for n, at in kept_at.items() if at == i)
@@ -607,10 +608,10 @@ class _Program:
         reads, body, keeps, reuse = works[-1]
         return passes, prelude, Pass(reads, body, keeps=keeps, reusing=reuse)
 
-    def _kept(self, sweeps: list[list[Node]]) -> dict[Node, int]:
+    def _kept(self, sweeps: list[list[Node]], needed: list[set[Node]]) -> dict[Node, int]:
         """The costly element values (COSTLY) a later sweep needs, each with the sweep that first
-        computes them; not those later sweeps reach only through another kept value."""
-        needed = [self._needed(roots) for roots in sweeps]
+        computes them; not those later sweeps reach only through another kept value. `needed`:
+        each sweep's nodes where nothing is kept."""
         first = {n: next(i for i, nodes in enumerate(needed) if n in nodes)
                  for n in self.b.nodes if any(n in nodes for nodes in needed)}
         kept = {n: at for n, at in first.items()
