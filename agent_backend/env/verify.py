@@ -14,8 +14,9 @@ candidate BEFORE the reference, and checks, in this order:
      candidate that is within tolerance of the float64 evaluation instead, and closer to it
      than the reference, is right (the input sets where that decided are recorded);
   6. accuracy: against the task evaluated in float64, the candidate's relative error is at most
-     twice the reference's own (float64.py), so a rewrite that rounds differently passes and a
-     lossy one (bf16 arithmetic for an fp32 task) does not.
+     twice the reference's own and never held below a few fp32 roundings (float64.py), so a
+     rewrite that rounds differently passes and a lossy one (bf16 arithmetic for an fp32 task)
+     does not.
 Every new tensor the candidate allocates through torch is filled with NaN (guards.
 PoisonedAllocations), so an element it forgets to write fails in step 5.
 
