@@ -24,7 +24,8 @@ from skills.rows.codegen import PREFETCH_FUNCTION
 EMULATOR = Path(__file__).with_name("cuda_emulator")
 
 # CONVERSIONS and ops._FAST without inline PTX: _Float16 rounds to nearest even as cvt.rn does;
-# bf16 as the kernels' pre-sm_80 path; the fast forms computed exactly.
+# bf16 as the kernels' pre-sm_80 path; the fast forms computed exactly; max and min by the
+# templates (the pre-sm_80 path).
 _EMULATED_CONVERSIONS = r"""
 struct f16 { unsigned short bits; };
 struct bf16 { unsigned short bits; };
@@ -47,6 +48,7 @@ inline float pw_div_fast(float a, float b) { return a / b; }
 inline float pw_sigmoid_fast(float x) { return pw_div_fast(1.0f, 1.0f + pw_exp_fast(-x)); }
 inline float pw_silu_fast(float x) { return pw_div_fast(x, 1.0f + pw_exp_fast(-x)); }
 inline float pw_one_plus_tanh_fast(float z) { return 2.0f / (1.0f + pw_exp_fast(-2.0f * z)); }
+inline float pw_exp_fast_ftz(float x) { const float y = pw_exp_fast(x); return y < 1.17549435e-38f ? 0.0f : y; }
 """
 
 # codegen.PREFETCH_FUNCTION: each thread's copy done at once (it reads only its own slots after the wait).

@@ -383,8 +383,23 @@ def test_exps_take_the_fast_form_only_where_every_output_is_bf16(name):
     def lines(dtype):
         task = _cross_entropy_tasks(dtype)[0] if name == "cross_entropy" else case_task(name, dtype)
         return _plan_lines(build_plan(task))
-    assert "pw_exp_fast(" in lines(bf16) and "pw_exp(" not in lines(bf16)
-    assert "pw_exp(" in lines(f32) and "pw_exp_fast(" not in lines(f32)
+    assert re.search(r"pw_exp_fast(_ftz)?\(", lines(bf16)) and "pw_exp(" not in lines(bf16)
+    assert "pw_exp(" in lines(f32) and "pw_exp_fast" not in lines(f32)
+
+
+@pytest.mark.parametrize("fn, ftz", [
+    (lambda x: torch.logsumexp(x, -1), True), (lambda x: torch.log_softmax(x, -1), True),
+    (lambda x: torch.softmax(x, -1), False),  # its exps are outputs too
+    (lambda x: x.float().exp().sum(-1).to(x.dtype), False),  # not relative to the row's max
+    (lambda x: (x.float() - x.float().mean(-1, keepdim=True)).exp().sum(-1).to(x.dtype), False),
+])
+def test_exps_summed_beside_the_max_flush_subnormals(fn, ftz):
+    """exp(x - max) read only by the row's sum takes ex2's .ftz form in bf16 programs: a term below
+    2^-126 is nothing beside the max's exp(0) = 1. Elsewhere a flushed term could be the whole sum."""
+    (task,) = traced_row_tasks(Fn(fn), [_randn((8, 100), bf16, "cpu")])
+    lines = _plan_lines(build_plan(_on_cuda(task)))
+    assert ("pw_exp_fast_ftz(" in lines) == ftz
+    assert ("pw_exp_fast(" in lines) != ftz
 
 
 BACKWARD = [(name, dt) for name in ("softmax", "log_softmax", "layernorm", "rmsnorm") for dt in (f32, bf16)]

@@ -330,6 +330,29 @@ __device__ __forceinline__ float pw_one_plus_tanh_fast(float z) {
   asm("rcp.approx.f32 %0, %1;" : "=f"(r) : "f"(1.0f + pw_exp_fast(-2.0f * z)));
   return 2.0f * r;
 }
+// exp(x - max) where its result only joins a sum of such terms (softmax's, logsumexp's): .ftz
+// flushes a term below 2^-126 to 0 beside the max's own exp(0) = 1, and spares ex2's subnormal
+// handling (a compare and two multiplies: on sm_90, 3 of the 17 instructions an element of a
+// bf16 cross-entropy's two passes).
+__device__ __forceinline__ float pw_exp_fast_ftz(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x * 1.44269504088896341f));
+  return y;
+}
+#if __CUDA_ARCH__ >= 800
+// fp32 max/min propagating NaN in one instruction (the templates above take three compares and
+// a select: a third of a bf16 cross-entropy's instructions an element on sm_90). NaN as eager's.
+__device__ __forceinline__ float pw_maximum(float a, float b) {
+  float r;
+  asm("max.NaN.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
+  return r;
+}
+__device__ __forceinline__ float pw_minimum(float a, float b) {
+  float r;
+  asm("min.NaN.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
+  return r;
+}
+#endif
 """
 
 DEVICE_FUNCTIONS = _math_overloads() + "\n" + _TEMPLATES + _FAST

@@ -471,7 +471,7 @@ class _Program:
         args = OpArgs({k: self.values[v] if isinstance(v, Node) else v for k, v in bound.items()}, dtype,
                       round_operands=rule.kind != "any", fast_fp32=self.low_precision_outputs)
         info = dtype_info(meta.dtype)
-        expr = self._one_plus_tanh(node, bound, args) or rule.render(args)
+        expr = self._one_plus_tanh(node, bound, args) or self._summed_exp(node, args) or rule.render(args)
         other = bound.get("other")
         if (node.target is aten.div.Tensor and args.fast and bound.get("rounding_mode") is None
                 and isinstance(other, Node) and self.per_row[other] and not self.per_row[node]):
@@ -495,6 +495,28 @@ class _Program:
             return None
         z = self.values[tanh.args[0]]
         return f"pw_one_plus_tanh_fast({cast(z.var, dtype_info(z.dtype).ctype, 'float')})"
+
+    def _summed_exp(self, node: Node, args: OpArgs) -> str | None:
+        """exp(y - max(y)), where every result is rounded to fp16/bf16 and the exp is read only
+        by sums over the row, in the fast form that flushes subnormal results
+        (ops.pw_exp_fast_ftz): such a term is below 2^-126 beside the max's own exp(0) = 1. The
+        max may be logsumexp's, with its infinities as 0 (a where with a constant branch)."""
+        if node.target is not aten.exp.default or not args.fast:
+            return None
+        if not all(REDUCTIONS.get(u.target) == "sum" for u in node.users):
+            return None
+        sub = node.args[0]
+        if not isinstance(sub, Node) or sub.target is not aten.sub.Tensor or bind_arguments(sub).get("alpha", 1) != 1:
+            return None
+        y, c = sub.args[:2]
+        while isinstance(c, Node) and c.target in VIEWS:
+            c = c.args[0]
+        if isinstance(c, Node) and c.target is aten.where.self and (
+                not isinstance(c.args[1], Node) or c.args[1].target is aten.full.default):
+            c = c.args[2]
+        if not (isinstance(c, Node) and c.target is aten.amax.default and c.args[0] is y):
+            return None
+        return f"pw_exp_fast_ftz({args['self']})"
 
     def _reciprocal(self, divisor: str, level: int) -> str:
         """The variable holding 1 / `divisor` (a per-row value ready after pass `level`), once a
