@@ -309,7 +309,8 @@ PW_T pw_div_floor(T a, T b) {
 
 # Fast fp32 forms, as Triton lowers tl.exp and fp32 `/`: for ops whose result is rounded to
 # fp16/bf16 (OpArgs.fast). Not .ftz: subnormals stay; inf, NaN and overflow behave as the
-# precise forms (ex2(-inf) = 0, x / inf = 0, 0 / 0 = NaN).
+# precise forms (ex2(-inf) = 0, x / inf = 0, 0 / 0 = NaN). Only the rows template's exps of a
+# row's sum beside its max take .ftz (pw_exp_fast_ftz, plan._Program._summed_exp).
 _FAST = r"""
 __device__ __forceinline__ float pw_exp_fast(float x) {
   float y;
@@ -330,7 +331,7 @@ __device__ __forceinline__ float pw_one_plus_tanh_fast(float z) {
   asm("rcp.approx.f32 %0, %1;" : "=f"(r) : "f"(1.0f + pw_exp_fast(-2.0f * z)));
   return 2.0f * r;
 }
-// exp(x - max) where its result only joins a sum of such terms (softmax's, logsumexp's): .ftz
+// exp(x - max) where its result only joins a sum of such terms (log-softmax's, logsumexp's): .ftz
 // flushes a term below 2^-126 to 0 beside the max's own exp(0) = 1, and spares ex2's subnormal
 // handling (a compare and two multiplies: on sm_90, 3 of the 17 instructions an element of a
 // bf16 cross-entropy's two passes).
