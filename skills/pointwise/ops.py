@@ -322,23 +322,24 @@ __device__ __forceinline__ float pw_div_fast(float a, float b) {
   asm("div.full.f32 %0, %1, %2;" : "=f"(q) : "f"(a), "f"(b));
   return q;
 }
-__device__ __forceinline__ float pw_sigmoid_fast(float x) { return pw_div_fast(1.0f, 1.0f + pw_exp_fast(-x)); }
-__device__ __forceinline__ float pw_silu_fast(float x) { return pw_div_fast(x, 1.0f + pw_exp_fast(-x)); }
-// 1 + tanh(z) = 2 sigmoid(2 z): two special-function instructions where tanhf takes a dozen, and
-// no cancellation where tanh nears -1 (a decomposed tanh GELU, 0.5 x (1 + tanh(z))).
-__device__ __forceinline__ float pw_one_plus_tanh_fast(float z) {
-  float r;
-  asm("rcp.approx.f32 %0, %1;" : "=f"(r) : "f"(1.0f + pw_exp_fast(-2.0f * z)));
-  return 2.0f * r;
-}
 // exp(x - max) where its result only joins a sum of such terms (log-softmax's, logsumexp's): .ftz
 // flushes a term below 2^-126 to 0 beside the max's own exp(0) = 1, and spares ex2's subnormal
 // handling (a compare and two multiplies: on sm_90, 3 of the 17 instructions an element of a
-// bf16 cross-entropy's two passes).
+// bf16 cross-entropy's two passes). In 1 + exp(-x) (sigmoid, SiLU, 1 + tanh) a term below 2^-126
+// vanishes in the sum anyway, so there .ftz changes no bit of the result.
 __device__ __forceinline__ float pw_exp_fast_ftz(float x) {
   float y;
   asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x * 1.44269504088896341f));
   return y;
+}
+__device__ __forceinline__ float pw_sigmoid_fast(float x) { return pw_div_fast(1.0f, 1.0f + pw_exp_fast_ftz(-x)); }
+__device__ __forceinline__ float pw_silu_fast(float x) { return pw_div_fast(x, 1.0f + pw_exp_fast_ftz(-x)); }
+// 1 + tanh(z) = 2 sigmoid(2 z): two special-function instructions where tanhf takes a dozen, and
+// no cancellation where tanh nears -1 (a decomposed tanh GELU, 0.5 x (1 + tanh(z))).
+__device__ __forceinline__ float pw_one_plus_tanh_fast(float z) {
+  float r;
+  asm("rcp.approx.f32 %0, %1;" : "=f"(r) : "f"(1.0f + pw_exp_fast_ftz(-2.0f * z)));
+  return 2.0f * r;
 }
 #if __CUDA_ARCH__ >= 800
 // fp32 max/min propagating NaN in one instruction (the templates above take three compares and
