@@ -387,11 +387,18 @@ def test_exps_take_the_fast_form_only_where_every_output_is_bf16(name):
     assert "pw_exp(" in lines(f32) and "pw_exp_fast" not in lines(f32)
 
 
+def _masked_max_sum_exp(x):
+    m = x.amax(-1, keepdim=True)
+    return (x - torch.where(x[:, :1] < 0, 0.0, m)).exp().sum(-1)
+
+
 @pytest.mark.parametrize("fn, ftz", [
     (lambda x: torch.logsumexp(x, -1), True), (lambda x: torch.log_softmax(x, -1), True),
     (lambda x: torch.softmax(x, -1), False),  # its exps are outputs too
     (lambda x: x.float().exp().sum(-1).to(x.dtype), False),  # not relative to the row's max
     (lambda x: (x.float() - x.float().mean(-1, keepdim=True)).exp().sum(-1).to(x.dtype), False),
+    # the max replaced by 0 where the row's first element is negative: every term may be subnormal
+    (lambda x: _masked_max_sum_exp(x.float()).to(x.dtype), False),
 ])
 def test_exps_summed_beside_the_max_flush_subnormals(fn, ftz):
     """exp(x - max) read only by the row's sum takes ex2's .ftz form in bf16 programs: a term below

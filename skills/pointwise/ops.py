@@ -309,8 +309,9 @@ PW_T pw_div_floor(T a, T b) {
 
 # Fast fp32 forms, as Triton lowers tl.exp and fp32 `/`: for ops whose result is rounded to
 # fp16/bf16 (OpArgs.fast). Not .ftz: subnormals stay; inf, NaN and overflow behave as the
-# precise forms (ex2(-inf) = 0, x / inf = 0, 0 / 0 = NaN). Only the rows template's exps of a
-# row's sum beside its max take .ftz (pw_exp_fast_ftz, plan._Program._summed_exp).
+# precise forms (ex2(-inf) = 0, x / inf = 0, 0 / 0 = NaN). .ftz only where a flushed term
+# changes nothing: inside 1 + exp(-x), and the rows template's exps of a row's sum beside its
+# max (pw_exp_fast_ftz, rows plan._Program._summed_exp).
 _FAST = r"""
 __device__ __forceinline__ float pw_exp_fast(float x) {
   float y;

@@ -500,7 +500,8 @@ class _Program:
         """exp(y - max(y)), where every result is rounded to fp16/bf16 and the exp is read only
         by sums over the row, in the fast form that flushes subnormal results
         (ops.pw_exp_fast_ftz): such a term is below 2^-126 beside the max's own exp(0) = 1. The
-        max may be logsumexp's, with its infinities as 0 (a where with a constant branch)."""
+        max may be logsumexp's, with its infinities as a constant (where(|m| == inf, 0, m): there
+        every term is 0, or the sum inf, either way)."""
         if node.target is not aten.exp.default or not args.fast:
             return None
         if not all(REDUCTIONS.get(u.target) == "sum" for u in node.users):
@@ -511,7 +512,7 @@ class _Program:
         y, c = sub.args[:2]
         while isinstance(c, Node) and c.target in VIEWS:
             c = c.args[0]
-        if isinstance(c, Node) and c.target is aten.where.self and (
+        if isinstance(c, Node) and c.target is aten.where.self and _tests_infinite(c.args[0], c.args[2]) and (
                 not isinstance(c.args[1], Node) or c.args[1].target is aten.full.default):
             c = c.args[2]
         if not (isinstance(c, Node) and c.target is aten.amax.default and c.args[0] is y):
@@ -671,6 +672,13 @@ class _Program:
         ordered = [n for n in self.b.nodes if n in needed]
         reads = tuple(sorted(self.access_of[n] for n in ordered if n in self.access_of))
         return reads, tuple(map(self._typed, takes)), tuple(line for n in ordered for line in self.statements[n])
+
+
+def _tests_infinite(cond, value) -> bool:
+    """`cond` is abs(value) == inf (logsumexp's test of its max)."""
+    return (isinstance(cond, Node) and cond.target is aten.eq.Scalar and cond.args[1] == math.inf
+            and isinstance(cond.args[0], Node) and cond.args[0].target is aten.abs.default
+            and cond.args[0].args[0] is value)
 
 
 def _along_rows(strides: tuple[tuple[int, ...], tuple[int, ...]]) -> bool:
