@@ -1,0 +1,34 @@
+"""benchmarks/sass_mix.py on the CPU: a template kernel compiled for sm_90 and its SASS counted, and
+what the count shows of a bf16 log-softmax's element (an exp and a max, nothing around them)."""
+from __future__ import annotations
+
+import shutil
+
+import pytest
+import torch
+
+from benchmarks.sass_mix import nvdisasm, kernel_mix, main
+from skills.rows import propose
+from test_rows_template import case_task, resized
+
+pytestmark = pytest.mark.skipif(shutil.which("nvcc") is None or nvdisasm() is None,
+                                reason="needs nvcc and nvdisasm (the nvidia-cuda-nvdisasm wheel)")
+
+
+@pytest.mark.parametrize("rows_of", [4096, 8192])
+def test_a_bf16_log_softmax_element_is_one_exp_and_one_max(rows_of, tmp_path):
+    """Held in registers, each element of the row is an exp (one MUFU) and a NaN-propagating max
+    (one FMNMX): no compares for the max's NaN or the exp's subnormal results (17 instructions an
+    element of cross-entropy had 4 such compares, 2026-11-26)."""
+    task = resized(case_task("log_softmax", torch.bfloat16), (64, rows_of))
+    for candidate in propose(task):
+        mix = kernel_mix(candidate, task, "sm_90", tmp_path)
+        elements = mix.elements_a_thread
+        assert elements == rows_of / candidate.params["threads"]
+        assert mix.opcodes["MUFU"] >= elements and mix.opcodes["FMNMX"] >= elements, candidate.origin
+        assert mix.opcodes["FSETP"] + mix.opcodes["FSEL"] < elements / 2, candidate.origin
+
+
+def test_the_command_names_a_problem_it_does_not_know(capsys):
+    with pytest.raises(ValueError, match="no problem named"):
+        main(["no_such_problem"])
