@@ -6,7 +6,7 @@ process that built the task and is never serialised.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -120,6 +120,12 @@ class Task:
     # The subgraph (task.Subgraph: `.graph` with placeholders = inputs, output = a tuple of the
     # outputs; callable as an FX GraphModule); in-process only, for templates that read the ops.
     graph_module: Any = field(default=None, compare=False, repr=False)
+
+    def on_device(self, device: str) -> "Task":
+        """This task as if traced on `device` (its specs are data: a task traced on the CPU, as
+        the templates would see it on a GPU)."""
+        return replace(self, inputs=tuple(replace(s, device=device) for s in self.inputs),
+                       outputs=tuple(replace(s, device=device) for s in self.outputs))
 
     def to_json(self) -> dict:
         return {

@@ -28,7 +28,7 @@ from collections import Counter
 from pathlib import Path
 
 from agent_backend.explain import tasks_of, trace_tasks
-from agent_backend.specs import Task, TensorSpec
+from agent_backend.specs import Task
 from benchmarks.suite.problem import build
 from benchmarks.suite.registry import select
 from skills import pointwise, rows
@@ -62,13 +62,6 @@ class Mix:
         return sum(self.opcodes.values())
 
 
-def on_cuda(task: Task) -> Task:
-    """`task`, traced on the CPU, as the templates see a GPU's (its specs are data)."""
-    def cuda(s: TensorSpec) -> TensorSpec:
-        return dataclasses.replace(s, device="cuda")
-    return dataclasses.replace(task, inputs=tuple(map(cuda, task.inputs)), outputs=tuple(map(cuda, task.outputs)))
-
-
 def kernel_mix(candidate, task: Task, arch: str, workdir: Path) -> Mix:
     """The opcode counts of a candidate program's main kernel (MAIN_SOURCE) built for `arch`."""
     source = candidate.source
@@ -98,7 +91,8 @@ def problem_mixes(name: str, dtype: str, arch: str) -> list[tuple[Task, list[Mix
     model, inputs = build(problem, dtype, "cpu", small=False)
     found = []
     with tempfile.TemporaryDirectory() as workdir:
-        for task in map(on_cuda, tasks_of(trace_tasks(model, inputs, backward=problem.train, min_ops=1))):
+        for task in tasks_of(trace_tasks(model, inputs, backward=problem.train, min_ops=1)):
+            task = task.on_device("cuda")
             template = TEMPLATES.get(task.kind)
             if template is None or template.supports(task) is not None:
                 continue

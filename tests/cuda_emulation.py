@@ -18,14 +18,14 @@ import torch
 from agent_backend.specs import TensorSpec
 from skills.pointwise.codegen import CONVERSIONS
 from skills.pointwise.dtypes import dtype_info, operand_info
-from skills.pointwise.ops import _FAST
+from skills.pointwise.ops import _FAST, NAN_MIN_MAX
 from skills.rows.codegen import PREFETCH_FUNCTION
 
 EMULATOR = Path(__file__).with_name("cuda_emulator")
 
 # CONVERSIONS and ops._FAST without inline PTX: _Float16 rounds to nearest even as cvt.rn does;
-# bf16 as the kernels' pre-sm_80 path; the fast forms computed exactly; max and min by the
-# templates (the pre-sm_80 path).
+# bf16 as the kernels' pre-sm_80 path; the fast forms computed exactly. ops.NAN_MIN_MAX left out:
+# max and min by the templates (the pre-sm_80 path).
 _EMULATED_CONVERSIONS = r"""
 struct f16 { unsigned short bits; };
 struct bf16 { unsigned short bits; };
@@ -80,7 +80,7 @@ def _include_dir() -> Path:
 def emulated_source(source: str) -> str:
     """`source` as C++ for the emulator."""
     assert CONVERSIONS in source and _FAST in source
-    source = source.replace(CONVERSIONS, _EMULATED_CONVERSIONS).replace(_FAST, _EMULATED_FAST)
+    source = source.replace(CONVERSIONS, _EMULATED_CONVERSIONS).replace(_FAST, _EMULATED_FAST).replace(NAN_MIN_MAX, "")
     source = source.replace(PREFETCH_FUNCTION, _EMULATED_PREFETCH)
     source = source.replace("#include <cooperative_groups.h>\n", "")
     source = re.sub(r"extern __shared__ __align__\(16\) unsigned char (\w+)\[\];",

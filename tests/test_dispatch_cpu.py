@@ -185,7 +185,6 @@ def test_user_precision_reads_cublas_and_cudnn_tf32_separately():
 def test_a_policy_that_cannot_propose_now_caches_nothing(cache_dir, monkeypatch):
     """A model server that is down is no result: the task stays with Inductor, and the next
     compile asks again."""
-    import dataclasses
     from agent_backend.dispatch import Dispatcher
     import kernel_cache
     from agent_backend.policies import PolicyError
@@ -193,9 +192,7 @@ def test_a_policy_that_cannot_propose_now_caches_nothing(cache_dir, monkeypatch)
 
     def unavailable(self, task, key):
         raise PolicyError("cuda_agent: no answer from the model server at http://127.0.0.1:9/v1")
-    task = _swish_task(Net(), torch.randn(4, 16))
-    on_cuda = lambda specs: tuple(dataclasses.replace(s, device="cuda") for s in specs)  # noqa: E731
-    task = dataclasses.replace(task, inputs=on_cuda(task.inputs), outputs=on_cuda(task.outputs))
+    task = _swish_task(Net(), torch.randn(4, 16)).on_device("cuda")
     monkeypatch.setattr(Dispatcher, "_search", unavailable)
     # As on a GPU machine, where a search is due (keyed as on this one, which has no GPU to name).
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)

@@ -4,7 +4,6 @@ CUDA and Python it writes compile. Whether the kernels compute the right numbers
 test_rows_gpu.py's job (it reuses CASES and traced_row_tasks from here)."""
 from __future__ import annotations
 
-import dataclasses
 import functools
 import re
 import shutil
@@ -116,11 +115,7 @@ CASES = {
 
 
 def _on_cuda(task: Task) -> Task:
-    """The task as if traced on a GPU (its specs are data: the tensors lived on the CPU)."""
-    def cuda(s: TensorSpec) -> TensorSpec:
-        return dataclasses.replace(s, device="cuda")
-    return Task(task.hash, task.program, tuple(map(cuda, task.inputs)), tuple(map(cuda, task.outputs)), task.ops,
-                task.kind, task.graph_module)
+    return task.on_device("cuda")
 
 
 def traced_row_tasks(model: nn.Module, inputs: list[torch.Tensor], kind: str = "reduction") -> list[Task]:

@@ -7,7 +7,7 @@ import shutil
 import pytest
 import torch
 
-from benchmarks.sass_mix import nvdisasm, kernel_mix, main
+from benchmarks.sass_mix import kernel_mix, main, nvdisasm
 from skills.rows import propose
 from test_rows_template import case_task, resized
 
@@ -29,6 +29,6 @@ def test_a_bf16_log_softmax_element_is_one_exp_and_one_max(rows_of, tmp_path):
         assert mix.opcodes["FSETP"] + mix.opcodes["FSEL"] < elements / 2, candidate.origin
 
 
-def test_the_command_names_a_problem_it_does_not_know(capsys):
+def test_the_command_names_a_problem_it_does_not_know():
     with pytest.raises(ValueError, match="no problem named"):
         main(["no_such_problem"])

@@ -342,7 +342,10 @@ __device__ __forceinline__ float pw_one_plus_tanh_fast(float z) {
   asm("rcp.approx.f32 %0, %1;" : "=f"(r) : "f"(1.0f + pw_exp_fast_ftz(-2.0f * z)));
   return 2.0f * r;
 }
-#if __CUDA_ARCH__ >= 800
+"""
+
+# Exact, so not a fast form: every kernel has them (the emulator, none: it takes the templates).
+NAN_MIN_MAX = r"""#if __CUDA_ARCH__ >= 800
 // fp32 max/min propagating NaN in one instruction (the templates above take three compares and
 // a select: a third of a bf16 cross-entropy's instructions an element on sm_90). NaN as eager's.
 __device__ __forceinline__ float pw_maximum(float a, float b) {
@@ -358,4 +361,4 @@ __device__ __forceinline__ float pw_minimum(float a, float b) {
 #endif
 """
 
-DEVICE_FUNCTIONS = _math_overloads() + "\n" + _TEMPLATES + _FAST
+DEVICE_FUNCTIONS = _math_overloads() + "\n" + _TEMPLATES + _FAST + NAN_MIN_MAX
