@@ -214,6 +214,24 @@ def test_fast_math_only_where_results_are_fp16_or_bf16():
         assert "_fast(" not in _compute_function_of(name)
 
 
+def test_fp16_bf16_results_stay_in_fp32_until_a_step_a_narrowing_or_a_store():
+    """As Inductor computes a fused bf16 chain: no rounding between arithmetic ops, nor before a
+    widening conversion; rounded before a floor, a compare and a narrowing conversion, as eager
+    sees them; a store rounds once (a narrowing conversion's output stores its operand)."""
+    x, y = torch.randn(8, dtype=bf16), torch.randn(8, dtype=bf16)
+    fn = lambda x, y: (torch.floor(x * 3) + (x * y > 1), (x * y).float() + 1,  # noqa: E731
+                       (x * y).to(f16), torch.sigmoid(x) * y, ((x * y).float() + 1).to(bf16))
+    plan = build_plan(make_task(fn, [x, y]))
+    body = dict(line.removeprefix("const ").removesuffix(";").split(" = ") for line in plan.body)
+    assert body["float v0"] == "(x0 * 3.0f)" and body["float v1"] == "round_bf16(pw_floor(round_bf16(v0)))"
+    assert body["bool v3"] == "(round_bf16(v2) > 1.0f)"
+    assert (body["float v5"], body["float v6"], body["float v7"]) == ("(x0 * x1)", "v5", "(v6 + 1.0f)")
+    assert body["float v9"] == "round_f16(round_bf16(v8))"
+    assert (body["float v10"], body["float v11"]) == ("pw_sigmoid_fast(x0)", "(v10 * x1)")
+    assert plan.results == ("v4", "v7", "round_bf16(v8)", "v11", "v14")
+    assert body["float v15"] == "round_bf16(v14)"  # computed for no one: the compiler drops it
+
+
 def test_op_table_covers_the_issue_list():
     required = [
         aten.add.Tensor, aten.sub.Tensor, aten.mul.Tensor, aten.div.Tensor, aten.div.Tensor_mode, aten.neg.default,

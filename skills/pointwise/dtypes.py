@@ -19,7 +19,7 @@ class DtypeInfo:
     ctype: str    # C type values are computed in
     load: str     # storage -> ctype; "{}" stands for the stored element
     store: str    # ctype -> storage
-    round: str    # ctype -> ctype rounded to this dtype, as eager rounds every op's result
+    round: str    # ctype -> ctype rounded to this dtype, as eager rounds an op's result
 
 
 DTYPES: dict[torch.dtype, DtypeInfo] = {

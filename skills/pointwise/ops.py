@@ -20,10 +20,18 @@ aten, prims = torch.ops.aten, torch.ops.prims
 
 @dataclass(frozen=True)
 class Value:
-    """A tensor inside the kernel: the C variable holding it and its dtype."""
+    """A tensor inside the kernel: the C variable holding it and its dtype. Not `rounded`: an
+    fp16/bf16 value still in fp32, not yet rounded to its dtype (an op's result kept unrounded
+    for the next, as Inductor keeps it)."""
 
     var: str
     dtype: torch.dtype
+    rounded: bool = True
+
+    @property
+    def exact(self) -> str:
+        """C text of the value as its dtype holds it."""
+        return self.var if self.rounded else dtype_info(self.dtype).round.format(self.var)
 
 
 class OpArgs:
@@ -32,27 +40,32 @@ class OpArgs:
     `args[name]` is C text in the compute type `ctype`; tensors whose dtype differs from the
     op's computation dtype are rounded to it first when `round_operands` is set (eager casts
     operands to the common dtype before computing, e.g. a 0-dim fp32 tensor in an fp16 op).
+    An unrounded operand (Value.rounded) is rounded to its own dtype first unless the op is
+    `continuous` (CONTINUOUS): a compare, a floor or a narrowing conversion sees what eager sees.
     """
 
-    def __init__(self, bound: dict[str, Any], dtype: torch.dtype, round_operands: bool, fast_fp32: bool = False):
+    def __init__(self, bound: dict[str, Any], dtype: torch.dtype, round_operands: bool, fast_fp32: bool = False,
+                 continuous: bool = False):
         self.bound = bound
         self.dtype = dtype
         self.ctype = dtype_info(dtype).ctype
         self.round_operands = round_operands
         self.fast_fp32 = fast_fp32
+        self.continuous = continuous
 
     @property
     def fast(self) -> bool:
-        """Whether fast fp32 forms may compute this op: its result is rounded to fp16/bf16 at
-        once, or (`fast_fp32`) every result its value reaches is, which hides their few-ulp
-        fp32 errors."""
+        """Whether fast fp32 forms may compute this op: its result is fp16/bf16 (rounded to it
+        when stored or stepped on), or (`fast_fp32`) every result its value reaches is, which
+        hides their few-ulp fp32 errors."""
         return self.dtype in (torch.float16, torch.bfloat16) or (self.fast_fp32 and self.dtype == torch.float32)
 
     def __getitem__(self, name: str) -> str:
         value = self.bound[name]
         if not isinstance(value, Value):
             return self.lit(value)
-        expr = cast(value.var, dtype_info(value.dtype).ctype, self.ctype)
+        held = value.var if self.continuous else value.exact
+        expr = cast(held, dtype_info(value.dtype).ctype, self.ctype)
         if self.round_operands and value.dtype != self.dtype:
             expr = dtype_info(self.dtype).round.format(expr)
         return expr
@@ -64,7 +77,7 @@ class OpArgs:
         value = self.bound[name]
         if not isinstance(value, Value):
             return literal(value, "bool")
-        return cast(value.var, dtype_info(value.dtype).ctype, "bool")
+        return cast(value.exact, dtype_info(value.dtype).ctype, "bool")
 
     def lit(self, value: bool | int | float) -> str:
         if not isinstance(value, (bool, int, float)):
@@ -244,6 +257,20 @@ def _inductor_rules() -> dict[Any, OpRule]:
 
 
 OP_RULES: dict[Any, OpRule] = {**_build_rules(), **_inductor_rules()}
+
+CONVERSIONS = frozenset({prims.convert_element_type.default, aten._to_copy.default})
+
+# Ops whose fp16/bf16 operands and result may stay unrounded in fp32 (Value.rounded), as
+# Inductor keeps them (its emulate_precision_casts is off): arithmetic and math functions, a
+# select and a copy (and a widening conversion: plan._render). Not the steps where a rounding
+# could move the input across a jump (floor, sign, a division's rounding modes, compares), nor
+# narrowing conversions and constants: there, as where a value is stored, it is rounded first.
+# Rounding every op's result cost a bf16 chain a conversion and a shift an op an element (on
+# sm_90, LayerNorm-free scale, shift and tanh: 39 SASS instructions an element, 30 without).
+_STEPS = {aten.floor.default, aten.ceil.default, aten.trunc.default, aten.round.default, aten.sign.default,
+          aten.div.Tensor_mode, aten.div.Scalar_mode}
+CONTINUOUS = frozenset({op for op, rule in OP_RULES.items() if rule.kind == "float" and op not in _STEPS}
+                       | {aten.where.self, aten.clone.default})
 
 
 # pw_<name>(float) and pw_<name>(double) overloads of CUDA's math library, so templates below

@@ -18,7 +18,7 @@ from agent_backend.specs import Task, TensorSpec
 from .dtypes import DtypeInfo, dtype_info, operand_info
 from .errors import Unsupported
 from .layout import broadcast_strides, coalesce, is_dense, memory_order, vector_width
-from .ops import OP_RULES, OpArgs, Value
+from .ops import CONTINUOUS, CONVERSIONS, OP_RULES, OpArgs, Value
 
 
 @dataclass(frozen=True)
@@ -55,10 +55,9 @@ def build_plan(task: Task) -> PointwisePlan:
     values = {p: Value(f"x{k}", s.torch_dtype) for k, (p, s) in enumerate(zip(placeholders, task.inputs))}
     metas = {p: torch.empty_strided(s.shape, s.stride, dtype=s.torch_dtype, device="meta")
              for p, s in zip(placeholders, task.inputs)}
-    body = []
-    for node in task.graph_module.graph.nodes:
-        if node.op == "call_function" and node in needed:
-            body.append(_render(node, f"v{len(body)}", values, metas))
+    stored: dict[Node, str] = {}
+    computed = [n for n in task.graph_module.graph.nodes if n.op == "call_function" and n in needed]
+    body = [_render(node, f"v{k}", values, metas, stored) for k, node in enumerate(computed)]
     _check_outputs([metas[n] for n in out_nodes], task.outputs)
 
     sizes, inputs, outputs = _operands(task, iter_shape)
@@ -69,7 +68,7 @@ def build_plan(task: Task) -> PointwisePlan:
     # to a grid's worth of elements, stays below 2**31.
     wide = math.prod(sizes) >= 2**30 or any(s.storage_elements() >= 2**31 for s in task.inputs + task.outputs)
     return PointwisePlan(sizes, inputs, outputs, reads, tuple(body),
-                         tuple(values[n].var for n in out_nodes), width, wide)
+                         tuple(stored.get(n, values[n].var) for n in out_nodes), width, wide)
 
 
 def graph_interface(task: Task) -> tuple[list[Node], list[Node]]:
@@ -144,8 +143,12 @@ def _ancestors(nodes: list[Node]) -> set[Node]:
     return seen
 
 
-def _render(node: Node, var: str, values: dict[Node, Value], metas: dict[Node, torch.Tensor]) -> str:
-    """One C statement computing `node` into `var`; records its Value and meta result."""
+def _render(node: Node, var: str, values: dict[Node, Value], metas: dict[Node, torch.Tensor],
+            stored: dict[Node, str]) -> str:
+    """One C statement computing `node` into `var`; records its Value and meta result. An
+    ops.CONTINUOUS op's fp16/bf16 result stays unrounded: a store rounds it once. A rounded
+    result's value before rounding goes into `stored`, for a store to round once too (rounding
+    to nearest is idempotent: the same bits, where storing `var` would convert it twice)."""
     rule = OP_RULES.get(node.target)
     if rule is None:
         raise Unsupported(f"op {node.target} not supported")
@@ -157,12 +160,27 @@ def _render(node: Node, var: str, values: dict[Node, Value], metas: dict[Node, t
         dtype = result.dtype
     if rule.kind == "float" and not dtype.is_floating_point:
         raise Unsupported(f"op {node.target} on {dtype} not supported")
+    continuous = node.target in CONTINUOUS or _widens(node, metas, result)
     args = OpArgs({k: values[v] if isinstance(v, Node) else v for k, v in bound.items()}, dtype,
-                  round_operands=rule.kind != "any")
+                  round_operands=rule.kind != "any", continuous=continuous)
     info = dtype_info(result.dtype)
-    values[node] = Value(var, result.dtype)
+    values[node] = Value(var, result.dtype, rounded=not continuous or info.round == "{}")
     metas[node] = result
-    return f"const {info.ctype} {var} = {info.round.format(rule.render(args))};"
+    expr = rule.render(args)
+    if continuous or info.round == "{}":
+        return f"const {info.ctype} {var} = {expr};"
+    stored[node] = expr
+    return f"const {info.ctype} {var} = {info.round.format(expr)};"
+
+
+def _widens(node: Node, metas: dict[Node, torch.Tensor], result: torch.Tensor) -> bool:
+    """A conversion to a wider float type (bf16 -> fp32): its operand, kept unrounded, is kept
+    so (Inductor's upcast), where a narrowing one rounds, as the graph asks."""
+    if node.target not in CONVERSIONS or not isinstance(node.args[0], Node):
+        return False
+    source = metas[node.args[0]].dtype
+    return (source.is_floating_point and result.dtype.is_floating_point
+            and result.dtype.itemsize > source.itemsize)
 
 
 def meta_result(node: Node, metas: dict[Node, torch.Tensor]) -> torch.Tensor:

@@ -30,13 +30,13 @@ from skills.pointwise import dtypes
 from skills.pointwise.dtypes import cast, dtype_info, literal
 from skills.pointwise.errors import Unsupported
 from skills.pointwise.layout import coalesce, is_dense, vector_width
-from skills.pointwise.ops import OP_RULES, OpArgs, Value
+from skills.pointwise.ops import CONVERSIONS, OP_RULES, OpArgs, Value
 from agent_backend.partition import bind_arguments, is_reshape
 from skills.pointwise.plan import graph_interface, meta_result
 
 from .placement import Axes, Placement, meta_shape, reduced_axes, refine, runs, space_dims
 
-aten, prims = torch.ops.aten, torch.ops.prims
+aten = torch.ops.aten
 
 # reduction op -> what it computes
 REDUCTIONS = {
@@ -53,7 +53,6 @@ VIEWS = {
 # Views that keep row-major order (a reshape; as_strided only where it is one): a node the
 # reductions read through these alone may refine the iteration space (placement.refine).
 RESHAPES = VIEWS - {aten.expand.default, aten.permute.default, aten.t.default, aten.transpose.int}
-CONVERSIONS = {prims.convert_element_type.default, aten._to_copy.default}
 COMPUTE_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.bool)
 INDEX_DTYPES = tuple(dtypes.INDEX_DTYPES)  # inputs a gather takes its index from, and nothing else
 # The value each partial reduction starts from (sums accumulate in double: codegen.ACCUMULATOR).
@@ -81,7 +80,7 @@ class Output:
     spec: TensorSpec
     outer: tuple[int, ...]
     inner: tuple[int, ...]
-    value: str     # the C variable stored (compute type)
+    value: str     # the C value stored (compute type)
     per_row: bool  # one value per row, written once
 
 
@@ -220,7 +219,7 @@ class _Builder:
             access_of[n] = unique.index(access)
         accesses = tuple(unique)
         program = _Program(self, placement, per_row, access_of, accesses, space, dims)
-        outputs = tuple(Output(spec, o, i, program.var(node), per_row[node]) for spec, node, (o, i) in zip(
+        outputs = tuple(Output(spec, o, i, program.stored(node), per_row[node]) for spec, node, (o, i) in zip(
             self.task.outputs, self.out_nodes, strides[len(used_inputs):]))
         passes, prelude, epilogue = program.passes(self.out_nodes)
         reads = [set(p.reads) for p in passes] + [set(epilogue.reads)]
@@ -415,6 +414,7 @@ class _Program:
         self.finals: dict[int, list[str]] = {}  # level -> per-row lines finishing its reductions
         self.mean_of: dict[Node, Value] = {}  # var_mean -> its mean
         self.reciprocals: dict[str, tuple[str, int, str]] = {}  # divisor -> (variable, level, its line)
+        self.unrounded: dict[Node, str] = {}  # a rounding convert -> the expression it rounds
         # A bf16 program computes in fp32 (softmax, cross-entropy); where every output is fp16/bf16
         # the fast exp and division (few fp32 ulps, Triton's own forms) are hidden by that rounding
         # and keep an exp-heavy row from being bound by the accurate expf's instructions.
@@ -426,6 +426,12 @@ class _Program:
 
     def var(self, node: Node) -> str:
         return self.values[node].var
+
+    def stored(self, node: Node) -> str:
+        """What an output of `node` stores: a convert's operand, not its rounded value, where the
+        store's own rounding to that dtype gives the same bits (rounding to nearest is
+        idempotent) and rounding twice costs two conversions and a shift an element."""
+        return self.unrounded.get(node, self.var(node))
 
     def _render(self, node: Node) -> None:
         b = self.b
@@ -476,7 +482,8 @@ class _Program:
         if (node.target is aten.div.Tensor and args.fast and bound.get("rounding_mode") is None
                 and isinstance(other, Node) and self.per_row[other] and not self.per_row[node]):
             expr = f"({args['self']} * {self._reciprocal(args['other'], self.ready[other])})"
-        if node.target in CONVERSIONS:  # where the graph rounds, so do we
+        if node.target in CONVERSIONS and info.round != "{}":  # where the graph rounds, so do we
+            self.unrounded[node] = expr
             expr = info.round.format(expr)
         var = f"v{len(self.values)}"
         self.values[node] = Value(var, meta.dtype)
