@@ -567,6 +567,10 @@ def test_launch_shapes_follow_the_row_length():
     assert _tags(resized(case_task("sum_last", f32), (1, 393216))) == [
         "t1024r1v4", "t256r1v4g64", "t256r1v4g32", "t1024r1v4c8", "t1024r1v4c4", "t512r1v4c8"]
     assert _tags(resized(case_task("sum_last", f32), (4096, 1000))) == ["t32r4v4", "t128r1v4"]
+    # rows of 32000 fp32: 1024 threads hold one in 32 words each, 512 in 64; where a block of 512
+    # fills an SM, a cluster of two blocks of 256 (64 words each) takes a row, two clusters an SM
+    losses = resized(_cross_entropy_tasks()[0], (4096, 32000), (4096, 1), (4096,))
+    assert _tags(losses) == ["t1024r1v4", "t512r1v4", "t256r1v4c2", "t1024r1v4p", "t1024r1v4s"]
 
 
 def test_scan_launch_shapes_stream_each_row_in_one_block():
