@@ -220,7 +220,8 @@ def test_fp16_bf16_results_stay_in_fp32_until_a_step_a_narrowing_or_a_store():
     sees them; a store rounds once (a narrowing conversion's output stores its operand)."""
     x, y = torch.randn(8, dtype=bf16), torch.randn(8, dtype=bf16)
     fn = lambda x, y: (torch.floor(x * 3) + (x * y > 1), (x * y).float() + 1,  # noqa: E731
-                       (x * y).to(f16), torch.sigmoid(x) * y, ((x * y).float() + 1).to(bf16))
+                       (x * y).to(f16), torch.sigmoid(x) * y, ((x * y).float() + 1).to(bf16),
+                       (x * y).to(bf16, copy=True) + 1)
     plan = build_plan(make_task(fn, [x, y]))
     body = dict(line.removeprefix("const ").removesuffix(";").split(" = ") for line in plan.body)
     assert body["float v0"] == "(x0 * 3.0f)" and body["float v1"] == "round_bf16(pw_floor(round_bf16(v0)))"
@@ -228,8 +229,9 @@ def test_fp16_bf16_results_stay_in_fp32_until_a_step_a_narrowing_or_a_store():
     assert (body["float v5"], body["float v6"], body["float v7"]) == ("(x0 * x1)", "v5", "(v6 + 1.0f)")
     assert body["float v9"] == "round_f16(round_bf16(v8))"
     assert (body["float v10"], body["float v11"]) == ("pw_sigmoid_fast(x0)", "(v10 * x1)")
-    assert plan.results == ("v4", "v7", "round_bf16(v8)", "v11", "v14")
+    assert plan.results == ("v4", "v7", "round_bf16(v8)", "v11", "v14", "v18")
     assert body["float v15"] == "round_bf16(v14)"  # computed for no one: the compiler drops it
+    assert (body["float v17"], body["float v18"]) == ("v16", "(v17 + 1.0f)")  # a copy to its own dtype
 
 
 def test_op_table_covers_the_issue_list():

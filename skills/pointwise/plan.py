@@ -160,7 +160,7 @@ def _render(node: Node, var: str, values: dict[Node, Value], metas: dict[Node, t
         dtype = result.dtype
     if rule.kind == "float" and not dtype.is_floating_point:
         raise Unsupported(f"op {node.target} on {dtype} not supported")
-    continuous = node.target in CONTINUOUS or _widens(node, metas, result)
+    continuous = node.target in CONTINUOUS or _keeps_precision(node, metas, result)
     args = OpArgs({k: values[v] if isinstance(v, Node) else v for k, v in bound.items()}, dtype,
                   round_operands=rule.kind != "any", continuous=continuous)
     info = dtype_info(result.dtype)
@@ -173,14 +173,13 @@ def _render(node: Node, var: str, values: dict[Node, Value], metas: dict[Node, t
     return f"const {info.ctype} {var} = {info.round.format(expr)};"
 
 
-def _widens(node: Node, metas: dict[Node, torch.Tensor], result: torch.Tensor) -> bool:
-    """A conversion to a wider float type (bf16 -> fp32): its operand, kept unrounded, is kept
-    so (Inductor's upcast), where a narrowing one rounds, as the graph asks."""
+def _keeps_precision(node: Node, metas: dict[Node, torch.Tensor], result: torch.Tensor) -> bool:
+    """A conversion to its operand's own float type or a wider one (bf16 -> fp32): an operand
+    kept unrounded stays so (Inductor's upcast), where a narrowing one rounds, as the graph asks."""
     if node.target not in CONVERSIONS or not isinstance(node.args[0], Node):
         return False
     source = metas[node.args[0]].dtype
-    return (source.is_floating_point and result.dtype.is_floating_point
-            and result.dtype.itemsize > source.itemsize)
+    return source.is_floating_point and (result.dtype == source or result.dtype.itemsize > source.itemsize)
 
 
 def meta_result(node: Node, metas: dict[Node, torch.Tensor]) -> torch.Tensor:
