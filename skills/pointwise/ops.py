@@ -266,7 +266,7 @@ CONVERSIONS = frozenset({prims.convert_element_type.default, aten._to_copy.defau
 # could move the input across a jump (floor, sign, a division's rounding modes, compares), nor
 # narrowing conversions and constants: there, as where a value is stored, it is rounded first.
 # Rounding every op's result cost a bf16 chain a conversion and a shift an op an element (on
-# sm_90, LayerNorm-free scale, shift and tanh: 39 SASS instructions an element, 30 without).
+# sm_90, a bf16 scale, shift and tanh: 39 SASS instructions an element, 30 without).
 _STEPS = {aten.floor.default, aten.ceil.default, aten.trunc.default, aten.round.default, aten.sign.default,
           aten.div.Tensor_mode, aten.div.Scalar_mode}
 CONTINUOUS = frozenset({op for op, rule in OP_RULES.items() if rule.kind == "float" and op not in _STEPS}
