@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from agent_backend.specs import Task, random_inputs
+from agent_backend.task import load_program
 from cuda_emulation import compiler, run
 from skills.rows.candidates import launch_arguments, launch_configs
 from skills.rows.codegen import Launch, kernel_source
@@ -22,8 +23,8 @@ pytestmark = [pytest.mark.skipif(compiler() is None, reason="needs a C++ compile
 f32, f16, bf16 = torch.float32, torch.float16, torch.bfloat16
 
 
-def _check(task: Task, launch: Launch, workdir, seed: int = 0) -> None:
-    plan = build_plan(task)
+def _check(task: Task, launch: Launch, workdir, seed: int = 0, plan=None) -> None:
+    plan = plan or build_plan(task)
     inputs = random_inputs(task.inputs, seed, scale=2.0, device="cpu")
     got = run(kernel_source(plan, "k", launch), "k", launch_arguments(plan, launch), inputs, list(task.outputs),
               workdir)
@@ -32,9 +33,11 @@ def _check(task: Task, launch: Launch, workdir, seed: int = 0) -> None:
 
 @pytest.mark.parametrize("name, dtype", [(n, dt) for n in CASES for dt in (f32, bf16)])
 def test_every_proposed_launch_computes_the_task(name, dtype, tmp_path):
+    """Under both plans where a sum of exp may be taken online (plans() tries the held one on short rows)."""
     task = case_task(name, dtype)
-    for launch in launch_configs(build_plan(task)):
-        _check(task, launch, tmp_path)
+    for plan in dict.fromkeys([build_plan(task), build_plan(task, online=True)]):
+        for launch in launch_configs(plan):
+            _check(task, launch, tmp_path, plan=plan)
 
 
 @pytest.mark.parametrize("dtype", [f32, bf16])
@@ -42,8 +45,9 @@ def test_cross_entropy_losses_gather_each_rows_target(dtype, tmp_path):
     """Every launch of the per-row losses, on indices drawn over the whole row (seeds differ, so
     a kernel reading the wrong element or the first would fail)."""
     task = _cross_entropy_tasks(dtype, 6, 200)[0]
-    for seed, launch in enumerate(launch_configs(build_plan(task))):
-        _check(task, launch, tmp_path, seed)
+    for plan in (build_plan(task), build_plan(task, online=True)):
+        for seed, launch in enumerate(launch_configs(plan)):
+            _check(task, launch, tmp_path, seed, plan)
 
 
 @pytest.mark.parametrize("name, dtype", BACKWARD)
@@ -104,7 +108,8 @@ LONG = {
     # 2-3 rows a block, the last block's next row past the end
     "prefetch_softmax_bf16": (lambda: resized(case_task("softmax", bf16), (300, 64)), Launch(4, 1, 8, prefetch=True)),
     "prefetch_groupnorm_f32": (lambda: case_task("groupnorm", f32, (40, 16, 4, 4)), Launch(8, 1, 4, prefetch=True)),
-    "prefetch_cross_entropy": (lambda: _cross_entropy_tasks(bf16, 140, 120)[0], Launch(8, 1, 8, prefetch=True)),
+    "prefetch_log_softmax": (lambda: resized(case_task("log_softmax", bf16), (140, 120)),
+                             Launch(8, 1, 8, prefetch=True)),
 }
 
 
@@ -112,6 +117,66 @@ LONG = {
 def test_long_row_launches_compute_the_task(label, tmp_path):
     make, launch = LONG[label]
     _check(make(), launch, tmp_path)
+
+
+# Online sums of exp (a max and its rescaled sum): through the workspace, across a cluster's
+# blocks, across rows by lanes, and a softmax's whose exps are outputs too.
+ONLINE = {
+    "split_logsumexp": (lambda: resized(case_task("logsumexp", f32), (3, 5000)), Launch(32, 1, 4, split=4)),
+    "split_cross_entropy": (lambda: _cross_entropy_tasks(bf16, 2, 3000)[0], Launch(64, 1, 8, split=4)),
+    "cluster_logsumexp": (lambda: resized(case_task("logsumexp", bf16), (2, 1000)), Launch(32, 1, 8, cluster=2)),
+    "lanes_logsumexp_dim1": (lambda: case_task("logsumexp_dim1", f32, (3, 70, 16)), Launch(8, 2, 8, split=2)),
+    "split_softmax": (lambda: resized(case_task("softmax", bf16), (2, 2000)), Launch(32, 1, 8, split=4)),
+    "shared_cluster_softmax": (lambda: resized(case_task("softmax", f16), (2, 4097)), Launch(64, 1, 1, "shared", 4)),
+}
+
+
+@pytest.mark.parametrize("label", ONLINE)
+def test_online_launches_compute_the_task(label, tmp_path):
+    make, launch = ONLINE[label]
+    task = make()
+    _check(task, launch, tmp_path, plan=build_plan(task, online=True))
+
+
+def _special_rows(x: torch.Tensor) -> torch.Tensor:
+    """`x` with rows of -inf, one +inf, a NaN, -inf beside finite values, and values growing along
+    the row (the running max rises at every element) or far from 0."""
+    x = x.clone()
+    n = x.shape[-1]
+    x[0] = float("-inf")
+    x[1, n // 3] = float("inf")
+    x[2, n // 2] = float("nan")
+    x[3, ::2] = float("-inf")
+    x[4] = torch.linspace(-50, 50, n, dtype=torch.float64).to(x.dtype)
+    x[5] = x[5] * 0.01 - 3000
+    return x
+
+
+@pytest.mark.parametrize("name, dtype", [("logsumexp", f32), ("logsumexp", bf16), ("log_softmax", f32),
+                                         ("softmax", bf16), ("cross_entropy", bf16), ("logsumexp_dim1", f32)])
+def test_online_sums_of_exp_keep_eagers_infinities_and_nans(name, dtype, tmp_path):
+    """A sum of exp(x - max) taken online (rescaled as the max grows) gives what the graph does
+    where the max is not finite: NaN for a softmax's row of -inf or with +inf, logsumexp's -inf
+    and inf behind its guard; and NaN where the row has one. Every launch of the online plan."""
+    if name == "cross_entropy":
+        task = _cross_entropy_tasks(dtype, 6, 300)[0]
+    elif name == "logsumexp_dim1":
+        task = case_task(name, dtype, (6, 40, 3))
+    else:
+        task = resized(case_task(name, dtype), (6, 300))
+    plan = build_plan(task, online=True)
+    assert "online" in [p.combine for p in plan.passes[0].partials]
+    inputs = random_inputs(task.inputs, 0, scale=2.0, device="cpu")
+    inputs[0] = _special_rows(inputs[0])
+    model = load_program(task.program)["Model"]()
+    with torch.no_grad():
+        expected = model(*inputs)
+    expected = expected if isinstance(expected, tuple) else (expected,)
+    for launch in launch_configs(plan):
+        got = run(kernel_source(plan, "k", launch), "k", launch_arguments(plan, launch), inputs, list(task.outputs),
+                  tmp_path)
+        for g, e in zip(got, expected):
+            torch.testing.assert_close(g, e, equal_nan=True, atol=1e-2, rtol=1e-2, msg=lambda m: f"{launch}: {m}")
 
 
 @pytest.mark.parametrize("name, dtype, length",

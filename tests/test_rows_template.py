@@ -92,6 +92,7 @@ CASES = {
     "layernorm": (lambda dt: nn.LayerNorm(1000, dtype=dt), _one, (8, 1000)),
     "rmsnorm": (lambda dt: RMSNorm(1000, dt), _one, (8, 1000)),
     "logsumexp": (lambda dt: Fn(lambda x: torch.logsumexp(x, -1)), _one, (8, 1000)),
+    "logsumexp_dim1": (lambda dt: Fn(lambda x: torch.logsumexp(x, 1)), _one, (4, 16, 32)),  # across rows
     "sum_last": (lambda dt: Fn(lambda x: x.sum(-1)), _one, (8, 1000)),
     "mean_dim1": (lambda dt: Fn(lambda x: x.mean(1)), _one, (4, 16, 32)),
     "sum_columns": (lambda dt: Fn(lambda x: x.sum(0)), _one, (300, 40)),
@@ -367,8 +368,9 @@ def test_logsumexp_is_one_task_with_its_views_and_constant():
 
 
 def _plan_lines(plan) -> str:
+    """The plan's C lines, an online sum's exp among them."""
     return "\n".join([*plan.prelude, *(line for p in plan.passes for line in (*p.body, *p.after)),
-                      *plan.epilogue.body])
+                      *(q.term for p in plan.passes for q in p.partials), *plan.epilogue.body])
 
 
 @pytest.mark.parametrize("name", ["softmax", "logsumexp", "cross_entropy"])
@@ -444,11 +446,13 @@ def test_cross_entropy_is_a_loss_per_row_then_their_mean():
     x, index, mask = losses.inputs
     assert (x.dtype, index.dtype, index.shape, index.high, mask.dtype) == ("float32", "int64", (8, 1), 64, "bool")
     assert [o.shape for o in losses.outputs] == [(8,)]  # no (8, 64) log-softmax
-    plan = build_plan(losses)
-    assert (plan.rows, plan.row_length, len(plan.passes)) == (8, 64, 2)  # max, sum of exp: no pass gathers
+    plan = build_plan(losses, online=True)
+    # the max and the sum of exp(x - max) online in one sweep: nothing held, no pass gathers
+    assert (plan.rows, plan.row_length, len(plan.passes), plan.stored) == (8, 64, 1, ())
+    assert [p.combine for p in plan.passes[0].partials] == ["max", "online"]
     assert [a.per_row for a in plan.accesses] == [False, True, True]
     # once the sum is known, each row's target element is loaded alone and its log-probability computed
-    assert "a0 = in0[a0_base + at * 1];" in "".join(plan.passes[1].after).replace("    const float ", "")
+    assert "a0 = in0[a0_base + at * 1];" in "".join(plan.passes[0].after).replace("    const float ", "")
     plan = build_plan(mean)
     assert (plan.rows, plan.row_length) == (1, 8)
     assert [a.per_row for a in plan.accesses] == [False, True]  # the divisor is a 0-dim input
@@ -561,16 +565,23 @@ def test_launch_shapes_follow_the_row_length():
     assert _tags(softmax) == ["t64r1v8", "t128r1v8"]
     # 393216 elements of fp32: a cluster of 8 blocks holds a row (192 KB of shared memory each),
     # or 16 blocks of a cooperative grid (96 KB each); of bf16, 32 blocks of one (24 KB each)
-    assert _tags(resized(case_task("softmax", f32), (16, 393216))) == ["t1024r1v4sc8", "t256r1v4sg16"]
-    assert _tags(resized(case_task("softmax", bf16), (16, 393216))) == ["t1024r1v8sc4", "t256r1v8sg32"]
+    # ("o": the max and the sum of exp in one pass, online, then the outputs; rows over 64 KB)
+    assert _tags(resized(case_task("softmax", f32), (16, 393216))) == [
+        "t1024r1v4sc8o", "t256r1v4sg16o", "t1024r1v4sc8", "t256r1v4sg16"]
+    assert _tags(resized(case_task("softmax", bf16), (16, 393216))) == [
+        "t1024r1v8c8o", "t1024r1v8sc4o", "t256r1v8sg32o", "t1024r1v8sc4", "t256r1v8sg32"]
     # a sum streams: few long rows are split over a grid, or a cluster
     assert _tags(resized(case_task("sum_last", f32), (1, 393216))) == [
         "t1024r1v4", "t256r1v4g64", "t256r1v4g32", "t1024r1v4c8", "t1024r1v4c4", "t512r1v4c8"]
     assert _tags(resized(case_task("sum_last", f32), (4096, 1000))) == ["t32r4v4", "t128r1v4"]
-    # rows of 32000 fp32: 1024 threads hold one in 32 words each, 512 in 64; where a block of 512
-    # fills an SM, a cluster of two blocks of 256 (64 words each) takes a row, two clusters an SM
+    # rows of 32000 fp32 streamed (an online logsumexp, "o"): 1024 threads take 8 vectors each,
+    # and with a block for every SM, 512 and 256 take more
     losses = resized(_cross_entropy_tasks()[0], (4096, 32000), (4096, 1), (4096,))
-    assert _tags(losses) == ["t1024r1v4", "t512r1v4", "t256r1v4c2", "t1024r1v4p", "t1024r1v4s"]
+    # and, holding the rows for two passes, the shapes those take; rows of 64 KB (bf16) are held only
+    assert _tags(losses) == ["t1024r1v4o", "t512r1v4o", "t256r1v4o",
+                             "t1024r1v4", "t512r1v4", "t256r1v4c2", "t1024r1v4p", "t1024r1v4s"]
+    bf16_losses = resized(_cross_entropy_tasks(bf16)[0], (4096, 32000), (4096, 1), (4096,))
+    assert _tags(bf16_losses) == ["t512r1v8", "t1024r1v8", "t256r1v8", "t128r1v8c2", "t512r1v8p", "t1024r1v8s"]
 
 
 def test_scan_launch_shapes_stream_each_row_in_one_block():

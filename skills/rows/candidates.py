@@ -96,6 +96,10 @@ def _along_rows(plan: RowPlan) -> list[Launch]:
     shapes = _one_block_a_row_shapes(plan)
     if not plan.stored:  # one sweep, nothing held: the fewest threads with at most 8 or 2 vectors each
         configs = [_fewest_threads(plan, shapes, per_thread) for per_thread in (8, 2)]
+        if configs[0].threads == MAX_BLOCK and plan.rows >= TYPICAL_SM_COUNT:
+            # rows so long that 8 vectors a thread take the largest block, and a block for every
+            # SM: also half and a quarter of its threads, a longer stream each, two and four rows an SM
+            configs += [c for c in shapes if c.threads in (MAX_BLOCK // 2, MAX_BLOCK // 4)][::-1]
         configs += _split_rows(plan)
         cluster = 1
         while (cluster < MAX_CLUSTER and plan.rows * cluster * 2 <= TYPICAL_SM_COUNT
@@ -211,11 +215,11 @@ def _split_columns(plan: RowPlan, threads: int, rows: int, width: int) -> list[L
 def tag(plan: RowPlan, launch: Launch) -> str:
     if not plan.along_rows:
         return (f"y{launch.threads}r{launch.rows}" + (f"w{launch.width}" if launch.width > 1 else "")
-                + (f"g{launch.split}" if launch.split > 1 else ""))
+                + (f"g{launch.split}" if launch.split > 1 else "") + ("o" if plan.online else ""))
     return (f"t{launch.threads}r{launch.rows}v{launch.width}"
             + ("s" if launch.storage == "shared" and plan.stored else "")
             + (f"c{launch.cluster}" if launch.cluster > 1 else "") + (f"g{launch.split}" if launch.split > 1 else "")
-            + ("p" if launch.prefetch else ""))
+            + ("p" if launch.prefetch else "") + ("o" if plan.online else ""))
 
 
 def propose_candidates(plan: RowPlan) -> list[Candidate]:

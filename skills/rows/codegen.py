@@ -44,11 +44,27 @@ from .plan import IDENTITY, Partial, Pass, RowPlan
 # Sums accumulate in double: a mean of values that cancel is then exact to the final rounding,
 # never less accurate than the reference's fp32 sums (the verifier allows twice its error).
 # H100/H200 add doubles at half the fp32 rate, far above what a memory-bound row needs.
-ACCUMULATOR = {"sum": "double", "max": "float", "min": "float"}
+ACCUMULATOR = {"sum": "double", "online": "double", "max": "float", "min": "float"}
 TYPICAL_SM_COUNT = 132  # H100/H200: how many blocks of a split row's cooperative grid each SM must hold
 WORKSPACE_SLOT_BYTES = 8  # a split row's partial of one block in the workspace (the widest accumulator)
-COMBINE = {"sum": "({a} + {b})", "max": "pw_maximum({a}, {b})", "min": "pw_minimum({a}, {b})"}
+COMBINE = {"sum": "({a} + {b})", "online": "({a} + {b})", "max": "pw_maximum({a}, {b})", "min": "pw_minimum({a}, {b})"}
 WARP = 32
+FLOAT_MAX = "3.40282347e+38f"
+# An online sum (plan.Partial): a sum of exp(y - m) relative to max m, rescaled to max `to` (0 where
+# m is -inf); and the row's sum once its max m is known, as the graph computes it where m is not
+# finite: y - m is NaN for some y (m = +-inf), or, behind logsumexp's guard, every term is 0 or inf.
+ONLINE_FUNCTIONS = f"""
+__device__ __forceinline__ double rows_online_rescale(double s, float m, float to) {{
+  return m == to ? s : s * (double)expf(m - to);
+}}
+__device__ __forceinline__ float rows_online_sum(double s, float m) {{
+  return fabsf(m) <= {FLOAT_MAX} ? (float)s : __uint_as_float(0x7fc00000u);
+}}
+__device__ __forceinline__ float rows_online_sum_guarded(double s, float m) {{
+  if (fabsf(m) <= {FLOAT_MAX}) return (float)s;
+  return m != m ? m : m < 0.0f ? 0.0f : __uint_as_float(0x7f800000u);
+}}
+"""
 FULL_MASK = "0xffffffffu"
 # A scan's tiles each thread loads before it scans them (loads in flight; one __syncthreads a chunk).
 SCAN_TILES = 4
@@ -227,7 +243,7 @@ class _Writer:
         lines = _drop_unused(lines, ["t", "slot"])
         include = "#include <cooperative_groups.h>\nnamespace cg = cooperative_groups;\n" if self.B > 1 else ""
         return f"""{include}{CONVERSIONS}
-{DEVICE_FUNCTIONS}{PREFETCH_FUNCTION if self.launch.prefetch else ""}
+{DEVICE_FUNCTIONS}{PREFETCH_FUNCTION if self.launch.prefetch else ""}{ONLINE_FUNCTIONS if plan.online else ""}
 
 typedef {"long long" if plan.wide_index else "int"} idx_t;
 
@@ -454,11 +470,21 @@ extern "C" __global__ void __launch_bounds__({self._bounds()}) {name}({", ".join
         # Double sums take each vector's elements summed in fp32 (at most 8), one conversion a
         # vector: conversions to double run at 1/8 of the fp32 rate, and a row's exp and
         # conversions per element outlasted its memory time (cross-entropy over 32000 classes).
-        staged = [p for p in work.partials if ACCUMULATOR[p.combine] == "double" and self.V > 1]
-        per_element = [f"{p.acc} = {COMBINE[p.combine].format(a=p.acc, b=_operand(p))};"
-                       for p in work.partials if p not in staged] + [f"{p.acc}_v += {p.source};" for p in staged]
-        lines += self._sweep(work, per_element, [f"float {p.acc}_v = 0.0f;" for p in staged],
-                             [f"{p.acc} += (double){p.acc}_v;" for p in staged])
+        online = [p for p in work.partials if p.combine == "online"]
+        staged = [p for p in work.partials if p.combine == "sum" and self.V > 1]
+        plain = [p for p in work.partials if p not in staged and p not in online]
+        # an online sum goes before its max, which it reads as it was before the element
+        per_element = [] if self.V > 1 else [line for p in online for line in _online_element(p)]
+        per_element += [f"{p.acc} = {COMBINE[p.combine].format(a=p.acc, b=_operand(p))};" for p in plain]
+        per_element += [f"{p.acc}_v += {p.source};" for p in staged]
+        before = [f"float {p.acc}_v = 0.0f;" for p in staged]
+        after = [f"{p.acc} += (double){p.acc}_v;" for p in staged]
+        if self.V > 1:
+            per_element += [f"{p.acc}_y[v] = {p.source};" for p in online]
+            before += [line for p in online for line in (f"const float {p.acc}_from = {p.scale};",
+                                                         f"float {p.acc}_y[{self.V}];")]
+            after += [line for p in online for line in _online_vector(p, self.V)]
+        lines += self._sweep(work, per_element, before, after)
         lines += self._combine(work)
         return lines + self._lanes(work.after)
 
@@ -482,7 +508,9 @@ extern "C" __global__ void __launch_bounds__({self._bounds()}) {name}({", ".join
         lanes = min(self.T, WARP)
         if lanes > 1:
             lines += ["#pragma unroll", f"for (int m = {lanes // 2}; m > 0; m >>= 1) {{"]
-            lines += [f"  {p.acc} = {COMBINE[p.combine].format(a=p.acc, b=_shuffle_xor(p.acc))};" for p in partials]
+            lines += ["  " + line for p in partials if p.combine == "online" for line in _online_shuffle(p)]
+            lines += [f"  {p.acc} = {COMBINE[p.combine].format(a=p.acc, b=_shuffle_xor(p.acc))};"
+                      for p in partials if p.combine != "online"]
             lines.append("}")
         if self.T > WARP:  # then the warps of a row, through shared memory
             warps = self.T // WARP
@@ -514,7 +542,8 @@ extern "C" __global__ void __launch_bounds__({self._bounds()}) {name}({", ".join
             kind = ACCUMULATOR[p.combine]
             lines += [f"{kind}* ws{i} = reinterpret_cast<{kind}*>(ws + {WORKSPACE_SLOT_BYTES * i * slots});",
                       f"if ({guard}t == 0) ws{i}[{mine}] = {p.acc};"]
-            item = COMBINE[p.combine].format(a=p.acc, b=f"__ldcg(&ws{i}[row * {self.S} + g])")
+            slot = self._item(p, lambda j, at: f"__ldcg(&ws{j}[row * {self.S} + {at}])", "g")
+            item = COMBINE[p.combine].format(a=p.acc, b=slot)
             folds += [f"{p.acc} = {IDENTITY[p.combine]};",
                       f"for (int g = {first}; {fold_guard}g < {self.S}; g += {step}) {p.acc} = {item};"]
         lines = self._lanes(lines) + ["grid.sync();"] + self._lanes(folds)
@@ -533,8 +562,7 @@ extern "C" __global__ void __launch_bounds__({self._bounds()}) {name}({", ".join
             lines += [f"__shared__ {ACCUMULATOR[p.combine]} {declared(i)};", f"if ({writer}) {stored(i)} = {p.acc};"]
         lines.append(sync)
         for p in partials:
-            i = self.partial_index[p.acc]
-            lines += _fold(p, slot(i, 0), index, count, slot(i, index))
+            lines += self._fold(p, slot, index, count)
         return lines
 
     def _combine_across_rows(self, work: Pass) -> list[str]:
@@ -546,8 +574,22 @@ extern "C" __global__ void __launch_bounds__({self._bounds()}) {name}({", ".join
             i = self.partial_index[p.acc]
             stores += [f"__shared__ {ACCUMULATOR[p.combine]} red{i}[{self.T}][{self.R}];",
                        f"red{i}[t][slot] = {p.acc};"]
-            folds += _fold(p, f"red{i}[0][slot]", "y", self.T, f"red{i}[y][slot]")
+            folds += self._fold(p, lambda j, at: f"red{j}[{at}][slot]", "y", self.T)
         return self._lanes(stores) + ["__syncthreads();"] + self._lanes(folds)
+
+    def _fold(self, p: Partial, slot, index: str, count: int) -> list[str]:
+        """p.acc = the combination of its slots `slot(i, at)` (i: p's index) for `at` in [0, count),
+        in order, the loop's variable `index`."""
+        return [f"{p.acc} = {self._item(p, slot, 0)};", f"for (int {index} = 1; {index} < {count}; ++{index}) "
+                f"{p.acc} = {COMBINE[p.combine].format(a=p.acc, b=self._item(p, slot, index))};"]
+
+    def _item(self, p: Partial, slot, at) -> str:
+        """Partial p's item at `at` of slots `slot(i, at)` (i: a partial's index). An online sum's
+        is rescaled to its max, which its pass's partials (in order) folded before it."""
+        item = slot(self.partial_index[p.acc], at)
+        if p.combine != "online":
+            return item
+        return f"rows_online_rescale({item}, {slot(self.partial_index[p.scale], at)}, {p.scale})"
 
     # -- outputs -----------------------------------------------------------------------------
     def _element_outputs(self) -> list[int]:
@@ -682,10 +724,29 @@ _LANE_LOCAL = re.compile(r"\b((?:a|v|acc|red|ws|rcp)\d+)\b")
 _ROW = re.compile(r"\brow\b")
 
 
-def _fold(p: Partial, first: str, index: str, count: int, item: str) -> list[str]:
-    """p.acc = the combination of `item` for `index` in [0, count), in order."""
-    return [f"{p.acc} = {first};",
-            f"for (int {index} = 1; {index} < {count}; ++{index}) {p.acc} = {COMBINE[p.combine].format(a=p.acc, b=item)};"]
+def _online_element(p: Partial) -> list[str]:
+    """An online sum's element, before its max takes it: where the max grows, the sum is rescaled."""
+    term = p.term.format
+    return ["{", f"  const float to = pw_maximum({p.scale}, {p.source});",
+            f"  if (to != {p.scale}) {p.acc} *= (double){term(f'{p.scale} - to')};",
+            f"  {p.acc} += (double){term(f'{p.source} - fmaxf(to, -{FLOAT_MAX})')};", "}"]
+
+
+def _online_vector(p: Partial, width: int) -> list[str]:
+    """An online sum's vector of `width` elements (p.acc_y), once its max took them all: the sum
+    rescaled where the max grew, then their terms summed in fp32 (the max -inf: every term 0)."""
+    term = p.term.format
+    return [f"if ({p.scale} != {p.acc}_from) {p.acc} *= (double){term(f'{p.acc}_from - {p.scale}')};", "{",
+            f"  const float base = fmaxf({p.scale}, -{FLOAT_MAX});", "  float terms = 0.0f;", "  #pragma unroll",
+            f"  for (int v = 0; v < {width}; ++v) terms += {term(f'{p.acc}_y[v] - base')};",
+            f"  {p.acc} += (double)terms;", "}"]
+
+
+def _online_shuffle(p: Partial) -> list[str]:
+    """An online sum combined with the lane's whose index differs in the bits of m, before its max is."""
+    return ["{", f"  const float om = {_shuffle_xor(p.scale)};", f"  const double os = {_shuffle_xor(p.acc)};",
+            f"  const float to = pw_maximum({p.scale}, om);",
+            f"  {p.acc} = rows_online_rescale({p.acc}, {p.scale}, to) + rows_online_rescale(os, om, to);", "}"]
 
 
 def _shuffle_xor(value: str) -> str:

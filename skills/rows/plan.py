@@ -56,7 +56,8 @@ RESHAPES = VIEWS - {aten.expand.default, aten.permute.default, aten.t.default, a
 COMPUTE_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.bool)
 INDEX_DTYPES = tuple(dtypes.INDEX_DTYPES)  # inputs a gather takes its index from, and nothing else
 # The value each partial reduction starts from (sums accumulate in double: codegen.ACCUMULATOR).
-IDENTITY = {"sum": "0.0", "max": "(-__uint_as_float(0x7f800000u))", "min": "__uint_as_float(0x7f800000u)"}
+IDENTITY = {"sum": "0.0", "online": "0.0", "max": "(-__uint_as_float(0x7f800000u))",
+            "min": "__uint_as_float(0x7f800000u)"}
 # Element ops worth keeping on chip rather than computing again in a later sweep: each costs a
 # special-function instruction (16 a clock an SM on Hopper, an eighth of the fp32 rate). On an
 # H200 (2026-11-26), softmax over 4096 x 8192 in bf16 ran 1.15x faster keeping its exp.
@@ -86,10 +87,17 @@ class Output:
 
 @dataclass(frozen=True)
 class Partial:
-    """One accumulation combined across the threads of a row."""
+    """One accumulation combined across the threads of a row.
+
+    An "online" partial is a sum of exp(source - m) where m is the row's max of source: the
+    max partial `scale` of the same pass. Each thread sums the terms relative to its running
+    max and rescales the sum when the max grows (`term`: the exp's C form, "{}" its argument),
+    so logsumexp and cross-entropy read each row once instead of holding it for a second pass."""
     acc: str       # C accumulator
-    combine: str   # "sum", "max" or "min"
+    combine: str   # "sum", "max", "min" or "online"
     source: str    # C value accumulated per element, after the pass's statements
+    scale: str = ""  # an online sum's max accumulator
+    term: str = ""   # an online sum's exp, "{}" for its argument
 
 
 @dataclass(frozen=True)
@@ -157,13 +165,19 @@ class RowPlan:
         return self.passes + (self.epilogue,)
 
     @property
+    def online(self) -> bool:
+        """Whether a pass takes a sum of exp online (Partial)."""
+        return any(p.combine == "online" for ps in self.passes for p in ps.partials)
+
+    @property
     def kept_words(self) -> int:
         """32-bit registers an element's kept values take (Pass.keeps)."""
         return sum(2 if ctype == "double" else 1 for p in self.sweeps for ctype, _ in p.keeps)
 
 
-def build_plan(task: Task) -> RowPlan:
-    """The plan for `task`, or Unsupported with the reason the template cannot take it."""
+def build_plan(task: Task, online: bool = False) -> RowPlan:
+    """The plan for `task`, or Unsupported with the reason the template cannot take it; with
+    `online`, each sum of exp(y - max(y)) is taken online (Partial) beside its max."""
     placeholders, out_nodes = graph_interface(task)
     for spec in task.inputs + task.outputs:
         if spec.torch_dtype not in COMPUTE_DTYPES + INDEX_DTYPES:
@@ -175,12 +189,13 @@ def build_plan(task: Task) -> RowPlan:
         if spec.torch_dtype in INDEX_DTYPES and not all(u.target is aten.gather.default and u.args[2] is p
                                                          for u in p.users):
             raise Unsupported(f"integer input {p.name} is used as other than a gather's index")
-    return _Builder(task, placeholders, out_nodes).build()
+    return _Builder(task, placeholders, out_nodes, online).build()
 
 
 class _Builder:
-    def __init__(self, task: Task, placeholders: list[Node], out_nodes: list[Node]):
+    def __init__(self, task: Task, placeholders: list[Node], out_nodes: list[Node], online: bool):
         self.task = task
+        self.online = online
         self.out_nodes = out_nodes
         self.nodes = [n for n in task.graph_module.graph.nodes if n.op in ("placeholder", "call_function")]
         self.metas: dict[Node, object] = {p: torch.empty_strided(s.shape, s.stride, dtype=s.torch_dtype, device="meta")
@@ -410,7 +425,8 @@ class _Program:
         self.values: dict[Node, Value] = {}
         self.statements: dict[Node, list[str]] = {}  # node -> C lines computing it
         self.ready: dict[Node, int] = {}  # the pass after which a per-row value exists (-1: before any)
-        self.partials: dict[int, list[tuple[Node, Partial]]] = {}  # level -> partials of that pass
+        self.partials: dict[int, list[tuple[Node, Partial]]] = {}  # level -> (source, partial) of that pass
+        self.accumulators: dict[Node, str] = {}  # a max or min reduction -> its partial's accumulator
         self.finals: dict[int, list[str]] = {}  # level -> per-row lines finishing its reductions
         self.mean_of: dict[Node, Value] = {}  # var_mean -> its mean
         self.reciprocals: dict[str, tuple[str, int, str]] = {}  # divisor -> (variable, level, its line)
@@ -509,22 +525,36 @@ class _Program:
         (ops.pw_exp_fast_ftz): such a term is below 2^-126 beside the max's own exp(0) = 1. The
         max may be logsumexp's, with its infinities as a constant (where(|m| == inf, 0, m): there
         every term is 0, or the sum inf, either way)."""
-        if node.target is not aten.exp.default or not args.fast:
+        if not args.fast or not all(REDUCTIONS.get(u.target) == "sum" for u in node.users):
             return None
-        if not all(REDUCTIONS.get(u.target) == "sum" for u in node.users):
-            return None
-        sub = node.args[0]
-        if not isinstance(sub, Node) or sub.target is not aten.sub.Tensor or bind_arguments(sub).get("alpha", 1) != 1:
-            return None
-        y, c = sub.args[:2]
-        while isinstance(c, Node) and c.target in VIEWS:
-            c = c.args[0]
-        if isinstance(c, Node) and c.target is aten.where.self and _tests_infinite(c.args[0], c.args[2]) and (
-                not isinstance(c.args[1], Node) or c.args[1].target is aten.full.default):
-            c = c.args[2]
-        if not (isinstance(c, Node) and c.target is aten.amax.default and c.args[0] is y):
-            return None
-        return f"pw_exp_fast_ftz({args['self']})"
+        return "pw_exp_fast_ftz({})".format(args["self"]) if _exp_less_max(node) else None
+
+    def _online_sum(self, node: Node) -> bool:
+        """Renders `node` as an online partial (Partial) where it is a sum of exp(y - max(y)) in
+        fp32: the sum joins the max's pass (an exp that is also an output is computed again from
+        the row's max where it is needed). Its final value is what the graph computes where the
+        max is not finite: NaN (inf - inf), or, where logsumexp's guard replaced the max by a
+        finite constant, 0 (every y is -inf) or inf. Its terms feed the sum alone: where every
+        result is fp16/bf16 they flush subnormals, as _summed_exp's do."""
+        exp = node.args[0]
+        found = _exp_less_max(exp) if self.b.online and isinstance(exp, Node) else None
+        if not found or REDUCTIONS[node.target] != "sum":
+            return False
+        y, amax, guarded = found
+        if self.b.metas[exp].dtype != torch.float32 or self.values[y].dtype != torch.float32 or self.per_row[y]:
+            return False
+        args = OpArgs({"self": Value("{}", torch.float32)}, torch.float32, round_operands=True,
+                      fast_fp32=self.low_precision_outputs)
+        term = "pw_exp_fast_ftz({})" if args.fast else OP_RULES[aten.exp.default].render(args)
+        level, scale = self.ready[amax], self.accumulators[amax]
+        n = len(self.values)
+        self._partial(level, y, Partial(f"acc{n}", "online", self.values[y].var, scale, term))
+        final = "rows_online_sum_guarded" if guarded else "rows_online_sum"
+        self.finals.setdefault(level, []).append(f"const float v{n} = {final}(acc{n}, {scale});")
+        self.values[node] = Value(f"v{n}", torch.float32)
+        self.statements[node] = []
+        self.ready[node] = level
+        return True
 
     def _reciprocal(self, divisor: str, level: int) -> str:
         """The variable holding 1 / `divisor` (a per-row value ready after pass `level`), once a
@@ -542,21 +572,25 @@ class _Program:
         level = self.ready[source] + 1
         if self.values[source].dtype not in (torch.float32, torch.float16, torch.bfloat16):
             raise Unsupported(f"reduction of a {self.values[source].dtype} value not supported")
+        if self._online_sum(node):
+            return
         src = self.values[source].var
         n = len(self.values)
         var = f"v{n}"
         if kind in ("sum", "mean", "max", "min"):
             combine = {"sum": "sum", "mean": "sum", "max": "max", "min": "min"}[kind]
-            self._partial(level, node, Partial(f"acc{n}", combine, src))
+            self._partial(level, source, Partial(f"acc{n}", combine, src))
+            self.accumulators[node] = f"acc{n}"
             final = {"sum": f"(float)acc{n}", "mean": f"(float)(acc{n} / {self._n})"}.get(kind, f"acc{n}")
             self.finals.setdefault(level, []).append(f"const float {var} = {final};")
             self.ready[node] = level
         else:  # var, var_mean: the mean in one pass, the squared deviations from it in the next
             correction = bind_arguments(node).get("correction")
             divisor = max(0, self.row_length - (1 if correction is None else correction))
-            self._partial(level, node, Partial(f"acc{n}", "sum", src))
+            self._partial(level, source, Partial(f"acc{n}", "sum", src))
             self.finals.setdefault(level, []).append(f"const float mean{n} = (float)(acc{n} / {self._n});")
-            self._partial(level + 1, node, Partial(f"acc{n}_m2", "sum", f"((({src}) - mean{n}) * (({src}) - mean{n}))"))
+            deviation = f"((({src}) - mean{n}) * (({src}) - mean{n}))"
+            self._partial(level + 1, source, Partial(f"acc{n}_m2", "sum", deviation))
             self.finals.setdefault(level + 1, []).append(
                 f"const float {var} = (float)(acc{n}_m2 / {literal(divisor, 'double')});")
             self.ready[node] = level + 1
@@ -594,8 +628,8 @@ class _Program:
         """The row length as a C double."""
         return literal(self.row_length, "double")
 
-    def _partial(self, level: int, node: Node, partial: Partial) -> None:
-        self.partials.setdefault(level, []).append((node, partial))
+    def _partial(self, level: int, source: Node, partial: Partial) -> None:
+        self.partials.setdefault(level, []).append((source, partial))
 
     def scan(self, scans: list[Node]) -> Scan | None:
         """The plan's scan (at most one; none where rows have one element: there it is its source)."""
@@ -619,7 +653,7 @@ class _Program:
         for _, level, line in self.reciprocals.values():  # after the divisor, computed at that level
             row_lines.setdefault(level, []).append(line)
         prelude = tuple(row_lines.get(-1, []))
-        sweeps = [[n.args[0] for n, _ in self.partials.get(level, [])] for level in range(levels)]
+        sweeps = [[n for n, _ in self.partials.get(level, [])] for level in range(levels)]
         sweeps.append([n for n in out_nodes if not self.per_row[n]])  # the epilogue
         whole = [self._needed(roots) for roots in sweeps]  # each sweep's nodes, nothing kept
         kept_at = self._kept(sweeps, whole)
@@ -679,6 +713,33 @@ class _Program:
         ordered = [n for n in self.b.nodes if n in needed]
         reads = tuple(sorted(self.access_of[n] for n in ordered if n in self.access_of))
         return reads, tuple(map(self._typed, takes)), tuple(line for n in ordered for line in self.statements[n])
+
+
+def _exp_less_max(node: Node) -> tuple[Node, Node, bool] | None:
+    """(y, amax(y), guarded) where `node` is exp(y - m), m being amax(y) seen through views, or
+    (guarded) logsumexp's where(|m| == inf, c, m) of a finite constant c."""
+    if node.target is not aten.exp.default:
+        return None
+    sub = node.args[0]
+    if not isinstance(sub, Node) or sub.target is not aten.sub.Tensor or bind_arguments(sub).get("alpha", 1) != 1:
+        return None
+    y, c = sub.args[:2]
+    while isinstance(c, Node) and c.target in VIEWS:
+        c = c.args[0]
+    guarded = (isinstance(c, Node) and c.target is aten.where.self and _tests_infinite(c.args[0], c.args[2])
+               and _finite_constant(c.args[1]))
+    if guarded:
+        c = c.args[2]
+    if not (isinstance(c, Node) and c.target is aten.amax.default and c.args[0] is y):
+        return None
+    return y, c, guarded
+
+
+def _finite_constant(value) -> bool:
+    """`value` is a finite number, or a full() of one."""
+    if isinstance(value, Node) and value.target is aten.full.default:
+        value = value.args[1]
+    return isinstance(value, (int, float)) and math.isfinite(value)
 
 
 def _tests_infinite(cond, value) -> bool:
