@@ -117,6 +117,8 @@ def describe(timing: ContextTiming) -> str:
             f"({timing.ours_ms:.4g} ms vs {timing.inductor_ms:.4g} ms)")
     if timing.gpu_speedup is not None:
         text += f", {timing.gpu_speedup:.2f}x on the GPU"
+    if None not in (timing.ours_host_ms, timing.inductor_host_ms):
+        text += f" (host {timing.ours_host_ms:.4g} ms vs {timing.inductor_host_ms:.4g} ms)"
     return text
 
 

@@ -426,6 +426,9 @@ def test_a_tie_on_host_time_keeps_a_kernel_faster_on_the_gpu(ours, inductor, our
     timing = ContextTiming("passed", "", ours, inductor, "cuda:0", ours_gpu, inductor_gpu)
     assert keeps(timing) is kept
     assert ("on the GPU" in describe(timing)) is (ours_gpu is not None)
+    # the worker's host times, where its reply has them, show what made a graph host-bound
+    with_host = ContextTiming("passed", "", ours, inductor, "cuda:0", ours_gpu, inductor_gpu, 0.03, 0.02)
+    assert "(host 0.03 ms vs 0.02 ms)" in describe(with_host) and keeps(with_host) is kept
 
 
 def test_a_verdict_cached_under_an_older_rule_keeps_kernels_only_where_todays_rule_does():

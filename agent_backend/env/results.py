@@ -98,6 +98,8 @@ class ContextTiming:
     device: str = ""
     ours_gpu_ms: float | None = None  # GPU time alone (the medians counted_ms took the longer of)
     inductor_gpu_ms: float | None = None
+    ours_host_ms: float | None = None  # and host time alone (the worker's, not the user's process's)
+    inductor_host_ms: float | None = None
 
     def __post_init__(self):
         if self.status not in STATUSES:

@@ -183,7 +183,8 @@ class Worker:
                 stats, _ = time_contenders(compiled, input_sets, timer)
             return {"status": "passed", "reason": "", "ours_ms": counted_ms(stats["ours"]),
                     "inductor_ms": counted_ms(stats["inductor"]), "ours_gpu_ms": stats["ours"]["median"],
-                    "inductor_gpu_ms": stats["inductor"]["median"], "timer": timer.description}
+                    "inductor_gpu_ms": stats["inductor"]["median"], "ours_host_ms": stats["ours"]["host_median"],
+                    "inductor_host_ms": stats["inductor"]["host_median"], "timer": timer.description}
         finally:
             for winner in winners:
                 runtime.forget(winner.key)
