@@ -47,7 +47,8 @@ from .plan import IDENTITY, Partial, Pass, RowPlan
 ACCUMULATOR = {"sum": "double", "online": "double", "max": "float", "min": "float"}
 TYPICAL_SM_COUNT = 132  # H100/H200: how many blocks of a split row's cooperative grid each SM must hold
 WORKSPACE_SLOT_BYTES = 8  # a split row's partial of one block in the workspace (the widest accumulator)
-COMBINE = {"sum": "({a} + {b})", "online": "({a} + {b})", "max": "pw_maximum({a}, {b})", "min": "pw_minimum({a}, {b})"}
+COMBINE = {"sum": "({a} + {b})", "online": "({a} + {b})", "max": "pw_maximum({a}, {b})",
+           "min": "pw_minimum({a}, {b})"}
 WARP = 32
 FLOAT_MAX = "3.40282347e+38f"
 # An online sum (plan.Partial): a sum of exp(y - m) relative to max m, rescaled to max `to` (0 where
