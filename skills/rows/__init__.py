@@ -20,9 +20,12 @@ ONLINE_ROW_BYTES = 64 * 1024
 
 def plans(task: Task) -> list[RowPlan]:
     """The plans worth trying for `task`, each with launch shapes; Unsupported where none is."""
-    held = build_plan(task)
     online = build_plan(task, online=True)
-    fitting = [p for p in ([online, held] if online.online else [held]) if _fits(p)]
+    if not online.online:  # no sum of exp to take online: the same plan as the held one
+        launch_configs(online)  # raises Unsupported where no launch shape fits
+        return [online]
+    held = build_plan(task)
+    fitting = [p for p in (online, held) if _fits(p)]
     if not fitting:
         launch_configs(held)  # raises Unsupported: why no launch shape fits
     if len(fitting) == 2 and _row_bytes(online) <= ONLINE_ROW_BYTES:
