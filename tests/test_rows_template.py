@@ -520,12 +520,16 @@ def test_groupnorm_is_one_task_that_reads_x_once(dtype):
 
 def test_long_rows_of_many_rows_are_also_offered_prefetched():
     """GroupNorm's 512 rows of 32768 (64 KB in bf16): one block an SM loops over them, taking each
-    row from shared memory (64 KB) and loading the next there meanwhile. Not where rows are short
-    (softmax's 16 KB) or fewer than the SMs, nor in the fallback (2-byte elements)."""
+    row from shared memory (64 KB) and loading the next there meanwhile, at the first register
+    shape and at half its threads. Not where rows are short (softmax's 16 KB), fewer than the SMs
+    or more than 8 an SM (cross-entropy's 4096), nor in the fallback (2-byte elements)."""
     plan = build_plan(case_task("groupnorm", bf16, (128, 16, 64, 128)))  # 4 groups of 16 channels
     assert (plan.rows, plan.row_length) == (512, 32768)
-    (launch,) = [c for c in launch_configs(plan) if c.prefetch]
+    launch, half = [c for c in launch_configs(plan) if c.prefetch]
     assert tag(plan, launch) == "t512r1v8p" and grid_blocks(plan, launch) == 132
+    assert tag(plan, half) == "t256r1v8p" and shared_bytes(plan, half) == 64 * 1024
+    assert any(c.prefetch for c in launch_configs(build_plan(resized(case_task("logsumexp", bf16), (1056, 16384)))))
+    assert not any(c.prefetch for c in launch_configs(build_plan(resized(case_task("logsumexp", bf16), (1057, 16384)))))
     assert shared_bytes(plan, launch) == 64 * 1024
     source = kernel_source(plan, "k", launch)
     assert "for (idx_t row = (idx_t)blockIdx.x; row < 512; row += gridDim.x) {" in source

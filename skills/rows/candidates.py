@@ -23,6 +23,11 @@ MAX_BLOCK = 1024
 # GroupNorm over 512 rows of 64 KB ran 1.16x faster so; softmax's rows of 16 KB fill an SM with
 # several blocks already, whose loads overlap one another's work.
 PREFETCH_ROW_BYTES = 32 * 1024
+# ... and only where there are at most this many rows an SM. On an H200 (2026-11-26, twenty-first
+# session) GroupNorm's 512 rows (4 an SM) ran 9-16% faster prefetched; with 4096 rows of 32-64 KB
+# (cross-entropy, logsumexp), where several waves of blocks overlap one another's loads anyway,
+# every prefetched shape lost, at 1 to 8 blocks an SM.
+PREFETCH_ROWS_PER_SM = 8
 # A split column sum's block: a warp of consecutive rows (contiguous accesses) by this many
 # threads along them (256 threads, four blocks an SM, as a split row's).
 SPLIT_COLUMN_THREADS = 8
@@ -113,16 +118,18 @@ def _along_rows(plan: RowPlan) -> list[Launch]:
         return configs
     # the fewest threads whose part of the row fits in registers, and twice and four times as many
     configs = [c for c in shapes if _words(plan, c) <= REGISTER_WORDS][:3]
+    held = configs[:1]  # the shapes also offered prefetched
     if configs and configs[0].threads >= 512:
         # and half those threads, twice the registers: two rows an SM where one block's rows would
         # fill it (on an H100, cross-entropy over 32000 classes, bf16: 1.17x Inductor, 32 words 1.06x)
-        configs += [c for c in shapes if c.threads == configs[0].threads // 2 and _words(plan, c) <= 2 * REGISTER_WORDS]
+        held += [c for c in shapes if c.threads == configs[0].threads // 2 and _words(plan, c) <= 2 * REGISTER_WORDS]
+        configs += held[1:]
         # and that row over a cluster of two blocks of half as many threads again: where even that
         # block fills an SM's registers, two half rows an SM load while the other reduces (on an
         # H200, fp32 cross-entropy over 32000 classes: 158 us, t512 196 us, Inductor's 200 us)
         pair = Launch(configs[0].threads // 4, 1, width, "registers", 2)
         configs += [pair] if _words(plan, pair) <= 2 * REGISTER_WORDS else []
-    configs += _prefetching(plan, configs[:1])
+    configs += _prefetching(plan, held)
     if vectors >= 2 * MAX_BLOCK:  # long rows: a block each, in shared memory, or a cluster each
         whole = Launch(MAX_BLOCK, 1, width, "shared")
         if shared_bytes(plan, whole) <= SHARED_BYTES:
@@ -141,14 +148,17 @@ def _along_rows(plan: RowPlan) -> list[Launch]:
 
 
 def _prefetching(plan: RowPlan, held: list[Launch]) -> list[Launch]:
-    """The first register shape as one block an SM looping over the rows, prefetching the next
-    (Launch.prefetch), where its rows are long enough that an SM holds one or two at once
-    (PREFETCH_ROW_BYTES) and more rows than SMs make it loop."""
-    if not held or plan.rows <= TYPICAL_SM_COUNT:
+    """Register shapes `held` (the first, and the one of half its threads and twice the registers)
+    as one block an SM looping over the rows, prefetching the next (Launch.prefetch), where its
+    rows are long enough that an SM holds one or two at once (PREFETCH_ROW_BYTES) and more rows
+    than SMs make it loop, but few enough a SM that one-row blocks come in few waves
+    (PREFETCH_ROWS_PER_SM). On an H200, fp32 GroupNorm's 512 rows of 128 KB ran 39.7 us prefetched
+    at 512 threads (64 words a thread), 44.2 us at 1024, 43.5 us not prefetched."""
+    if not TYPICAL_SM_COUNT < plan.rows <= PREFETCH_ROWS_PER_SM * TYPICAL_SM_COUNT:
         return []
-    c = dataclasses.replace(held[0], prefetch=True)
-    row_bytes = shared_bytes(plan, c)  # the next row's copy: the row as the block holds it
-    return [c] if can_prefetch(plan, c) and PREFETCH_ROW_BYTES <= row_bytes <= SHARED_BYTES else []
+    shapes = [dataclasses.replace(c, prefetch=True) for c in held]
+    # shared_bytes: the next row's copy, the row as the block holds it
+    return [c for c in shapes if can_prefetch(plan, c) and PREFETCH_ROW_BYTES <= shared_bytes(plan, c) <= SHARED_BYTES]
 
 
 def _split_rows(plan: RowPlan) -> list[Launch]:
