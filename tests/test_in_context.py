@@ -442,3 +442,35 @@ def test_a_verdict_cached_under_an_older_rule_keeps_kernels_only_where_todays_ru
     assert verdict(cached(True, 1.05, 1.02))[0] is True
     assert verdict(cached(False, 1.05, 1.02))[0] is False  # dropped stays dropped (e.g. results disagreed)
     assert verdict(cached(True, 1.05, None))[0] is True  # an older worker's: the graph's time alone
+
+
+@pytest.mark.parametrize("first, again, timed, kept", [
+    ((0.098, 0.1, 0.098, 0.1), (0.1, 0.1, 0.103, 0.1), 2, False),  # 1.02x on the GPU, then 0.97x: dropped
+    ((0.098, 0.1, 0.098, 0.1), (0.095, 0.1, 0.096, 0.1), 2, True),  # 1.02x, then 1.04x: kept
+    ((0.09, 0.1, 0.09, 0.1), None, 1, True),                        # 1.11x: sure, timed once
+    ((0.11, 0.1, 0.11, 0.1), None, 1, False),                       # slower: dropped at once
+])
+def test_a_graph_kept_by_a_gpu_gain_within_noise_is_timed_again(monkeypatch, tmp_path, first, again, timed, kept):
+    """One check's GPU ratio moves by a few percent between runs: a graph kept by less than
+    GPU_SURE_AT on the GPU is timed once more, and the less favourable timing decides. The
+    timings are replayed (GPU times, which this machine cannot make), the Dispatcher is real."""
+    from agent_backend import dispatch
+    from agent_backend.env.results import ContextTiming
+    from agent_backend.in_context import ContextCheck
+    from agent_backend.specs import Task, TensorSpec
+
+    replies = iter([ContextTiming("passed", "", *t[:2], "cuda:0", *t[2:]) for t in (first, again) if t])
+    asked = []
+
+    class ReplayedTimings:
+        def time_in_context(self, before, after, winners, compare=True):
+            asked.append(before.hash)
+            return next(replies)
+
+    monkeypatch.setattr(dispatch, "shared_environment", lambda *args, **kwargs: ReplayedTimings())
+    spec = TensorSpec((64,), (1,), "float32", "cuda")
+    graph = Task("h", "", (spec,), (spec,), ("aten.mul.Tensor",), "graph")
+    entry = Dispatcher(resolve({"mode": "search", "cache_dir": str(tmp_path)}))._check_in_context(
+        ContextCheck(graph, graph, ()), None)
+    assert len(asked) == timed and entry.timings["kept"] is kept, entry.reason
+    assert ("within one timing's noise" in entry.reason) is (timed == 2), entry.reason
