@@ -302,15 +302,25 @@ def _gathers_one_per_row(node: fx.Node, rows: tuple) -> bool:
 
 def _widens_into_a_reduction(node: fx.Node) -> bool:
     """A conversion to a wider type that a reduction or scan reads (a bf16 product's logits cast up
-    for a softmax or a cross-entropy): left to the reduction's prologue. In a matmul's epilogue it would
-    make the reduction read the widened copy, written in full between the two (an H100 ran
-    linear + cross-entropy 0.68x Inductor so, with our kernel 1.05x faster alone)."""
+    for a softmax or a cross-entropy, a bf16 convolution's output cast up for a GroupNorm): left to
+    the reduction's prologue. In a matmul's or convolution's epilogue it would make the reduction read
+    the widened copy, written in full between the two (an H100 ran linear + cross-entropy 0.68x
+    Inductor so, with our kernel 1.05x faster alone; on an H200, conv + GroupNorm + SiLU in bf16 wrote
+    the conv's output as fp32 for our GroupNorm to read, and ran 0.965x with a kernel 1.28x alone)."""
     if node.target is not torch.ops.prims.convert_element_type.default:
         return False
     source, out = node.args[0].meta.get("val"), node.meta.get("val")
     widens = (isinstance(source, torch.Tensor) and isinstance(out, torch.Tensor)
               and out.dtype.itemsize > source.dtype.itemsize)
-    return widens and any(u.target in REDUCTION_OPS | SOFTMAX_OPS | NORM_OPS | SCAN_OPS for u in node.users)
+    return widens and any(u.target in REDUCTION_OPS | SOFTMAX_OPS | NORM_OPS | SCAN_OPS for u in _through_views(node))
+
+
+def _through_views(node: fx.Node) -> list[fx.Node]:
+    """The users of `node`, and of the views of it (GroupNorm's statistics read x reshaped)."""
+    users = []
+    for u in node.users:
+        users += _through_views(u) if u.target in VIEW_OPS else [u]
+    return users
 
 
 def _reduces_last_dim(node: fx.Node) -> bool:
@@ -450,6 +460,8 @@ class _Partitioner:
         def epilogue(u: fx.Node) -> bool:
             if kind == "matmul":
                 return (self.pointwise_epilogue(u) and not _widens_into_a_reduction(u)) or self.reshaped_epilogue(u)
+            if kind == "conv":
+                return self.pointwise_epilogue(u) and not _widens_into_a_reduction(u)
             return self.pointwise_epilogue(u) or (rows is not None and same_rows(u))
         self.grow(members, epilogue)
         self.add_group(kind, members)

@@ -121,6 +121,22 @@ def test_a_matmul_leaves_an_upcast_that_a_reduction_reads_to_the_reduction():
     assert _ops(groups[2]) == ["mm", "convert_element_type", "relu"]
 
 
+def test_a_convolution_leaves_an_upcast_that_a_group_norm_reads_to_the_norm():
+    """A bf16 convolution's output cast up for GroupNorm's statistics (in Inductor's graph, read
+    through a reshape): the cast is the norm's prologue, so the norm's task reads the conv's bf16
+    output rather than an fp32 copy of it written between the two."""
+    from agent_backend.explain import tasks_of, trace_tasks
+    from benchmarks.suite.problem import build
+    from benchmarks.suite.registry import select
+
+    (problem,) = select(only=["conv_groupnorm_silu"])
+    model, inputs = build(problem, "bf16", "cpu", small=True)
+    conv, norm = tasks_of(trace_tasks(model, inputs, backward=False, min_ops=1))
+    assert (conv.kind, conv.ops) == ("conv", ("aten.convolution.default",))
+    assert norm.kind == "reduction" and norm.ops[0] == "prims.convert_element_type.default", norm.ops
+    assert norm.inputs[0].dtype == "bfloat16" and norm.inputs[0].shape == conv.outputs[0].shape
+
+
 def test_a_cumsum_is_a_scan_group_with_its_casts_and_pointwise_work():
     """cumsum anchors a group of kind "scan" (the rows family's kernel): fp32 alone; bf16 as
     Inductor's graph has it with a cast up before and down after, and pointwise work around."""
