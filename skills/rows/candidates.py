@@ -103,8 +103,10 @@ def _along_rows(plan: RowPlan) -> list[Launch]:
         configs = [_fewest_threads(plan, shapes, per_thread) for per_thread in (8, 2)]
         if configs[0].threads == MAX_BLOCK and plan.rows >= TYPICAL_SM_COUNT:
             # rows so long that 8 vectors a thread take the largest block, and a block for every
-            # SM: also half and a quarter of its threads, a longer stream each, two and four rows an SM
-            configs += [c for c in shapes if c.threads in (MAX_BLOCK // 2, MAX_BLOCK // 4)][::-1]
+            # SM: also a half, a quarter and an eighth of its threads, a longer stream each (on an
+            # H200, fp32 cross-entropy's online rows of 32000: 128 threads 137.9 us, 256 144.3 us,
+            # 512 164.6 us, 1024 263.5 us; benchmarks/results/rows_plans-h200-...-twentyfirst.txt)
+            configs += [c for c in shapes if c.threads in (MAX_BLOCK // 2, MAX_BLOCK // 4, MAX_BLOCK // 8)][::-1]
         configs += _split_rows(plan)
         cluster = 1
         while (cluster < MAX_CLUSTER and plan.rows * cluster * 2 <= TYPICAL_SM_COUNT
