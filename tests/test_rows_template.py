@@ -322,6 +322,12 @@ def test_few_long_rows_are_split_over_a_cooperative_grid():
     (half,) = [c for c in launch_configs(wide) if c.split > 1]
     assert (half.threads, half.storage, half.split, grid_blocks(wide, half)) == (256, "shared", 16, 256)
     assert shared_bytes(wide, half) == 96 * 1024
+    # online (nothing kept), a bf16 row also in registers, 48 words a thread: 16 blocks of 256
+    # threads a row, two an SM (the launch bounds say so), and 32 blocks of 128
+    online = build_plan(resized(case_task("softmax", bf16), (16, 393216)), online=True)
+    held = [c for c in launch_configs(online) if c.split > 1 and c.storage == "registers"]
+    assert [(c.threads, c.split, grid_blocks(online, c)) for c in held] == [(256, 16, 256), (128, 32, 512)]
+    assert "__launch_bounds__(256, 2)" in kernel_source(online, "k", held[0])
     assert all(c.split == 1 for c in launch_configs(build_plan(resized(case_task("softmax", f32), (64, 393216)))))
     for name in ("softmax", "sum_last"):
         assert all(c.split == 1 for c in launch_configs(build_plan(case_task(name, f32))))
@@ -569,11 +575,14 @@ def test_launch_shapes_follow_the_row_length():
     assert _tags(softmax) == ["t64r1v8", "t128r1v8"]
     # 393216 elements of fp32: a cluster of 8 blocks holds a row (192 KB of shared memory each),
     # or 16 blocks of a cooperative grid (96 KB each); of bf16, 32 blocks of one (24 KB each)
-    # ("o": the max and the sum of exp in one pass, online, then the outputs; rows over 64 KB)
+    # ("o": the max and the sum of exp in one pass, online, then the outputs; rows over 64 KB);
+    # online, also in registers, 48 words a thread: fp32 over 32 blocks, bf16 over 16 (and 32 of
+    # 128 threads); the two-pass plan keeps each exp too, too many words for that
     assert _tags(resized(case_task("softmax", f32), (16, 393216))) == [
-        "t1024r1v4sc8o", "t256r1v4sg16o", "t1024r1v4sc8", "t256r1v4sg16"]
+        "t1024r1v4sc8o", "t256r1v4sg16o", "t256r1v4g32o", "t1024r1v4sc8", "t256r1v4sg16"]
     assert _tags(resized(case_task("softmax", bf16), (16, 393216))) == [
-        "t1024r1v8c8o", "t1024r1v8sc4o", "t256r1v8sg32o", "t1024r1v8sc4", "t256r1v8sg32"]
+        "t1024r1v8c8o", "t1024r1v8sc4o", "t256r1v8sg32o", "t256r1v8g16o", "t128r1v8g32o", "t1024r1v8sc4",
+        "t256r1v8sg32"]
     # a sum streams: few long rows are split over a grid, or a cluster
     assert _tags(resized(case_task("sum_last", f32), (1, 393216))) == [
         "t1024r1v4", "t256r1v4g64", "t256r1v4g32", "t1024r1v4c8", "t1024r1v4c4", "t512r1v4c8"]

@@ -18,6 +18,12 @@ MAX_CLUSTER = 8            # the portable thread-block cluster size
 # A split row's blocks: 256 threads each, at most four an SM (half its threads), so that the
 # cooperative grid is resident at up to 64 registers a thread.
 SPLIT_THREADS, SPLIT_BLOCKS = 256, 4 * TYPICAL_SM_COUNT
+# A split row is also held in registers at up to this many words a thread (fewer blocks a row,
+# more loads in flight a thread): on an H200 (2026-11-26, twenty-second session), softmax over
+# 16 x 393216 bf16, online, ran 17.0 us at 48 words (256 threads x 16 blocks a row, or 128 x 32),
+# 19.7 us at 24 (256 x 32), 21.1 us from 24 KB of shared memory a block (256 x 32, the shape
+# offered until then); Inductor 52.9 us, a copy 10.9 us.
+SPLIT_REGISTER_WORDS = 48
 MAX_BLOCK = 1024
 # A row held on chip at least this long is also offered prefetched (one block an SM): on an H200,
 # GroupNorm over 512 rows of 64 KB ran 1.16x faster so; softmax's rows of 16 KB fill an SM with
@@ -184,7 +190,22 @@ def _split_rows(plan: RowPlan) -> list[Launch]:
             (("registers", split), ("shared", split), ("shared", split // 2))]
     fits = [_words(plan, held[0]) <= REGISTER_WORDS // 2, shared_bytes(plan, held[1]) <= SHARED_BYTES // 8,
             shared_bytes(plan, held[2]) <= SHARED_BYTES // 2]
-    return [next(c for c, ok in zip(held, fits) if ok)] if any(fits) else []
+    return ([next(c for c, ok in zip(held, fits) if ok)] if any(fits) else []) + _wide_register_splits(plan, split)
+
+
+def _wide_register_splits(plan: RowPlan, split: int) -> list[Launch]:
+    """A split row held in registers at the fewest blocks a row that leave each thread at most
+    SPLIT_REGISTER_WORDS and fill every SM, and the same slices at half the threads (twice the
+    blocks, where the grid stays resident)."""
+    width = plan.vector_width
+    while (split > 1 and plan.rows * (split // 2) >= TYPICAL_SM_COUNT
+           and _words(plan, Launch(SPLIT_THREADS, 1, width, split=split // 2)) <= SPLIT_REGISTER_WORDS):
+        split //= 2
+    widest = Launch(SPLIT_THREADS, 1, width, split=split)
+    if _words(plan, widest) > SPLIT_REGISTER_WORDS:
+        return []
+    halves = Launch(SPLIT_THREADS // 2, 1, width, split=2 * split)
+    return [widest] + ([halves] if grid_blocks(plan, halves) <= SPLIT_BLOCKS else [])
 
 
 def _across_rows(plan: RowPlan) -> list[Launch]:

@@ -1,0 +1,94 @@
+"""Every split launch of a suite problem's row task (rows held in registers or shared memory,
+threads x blocks a row of a cooperative grid, both plans), against Inductor and a copy of the same
+bytes: triton.testing.do_bench, the least of 3 rounds, contenders interleaved. What set
+skills/rows/candidates.SPLIT_REGISTER_WORDS (on an H200, 2026-11-26:
+benchmarks/results/split_sweep-h200-torch2.11-2026-11-26-twentysecond.txt).
+
+    python benchmarks/rows_splits.py bench softmax_long_rows:bf16 softmax_long_rows:fp32
+    ncu --kernel-name regex:TAG python benchmarks/rows_splits.py ncu softmax_long_rows:bf16 TAG
+"""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout
+
+from agent_backend.explain import tasks_of, trace_tasks  # noqa: E402
+from agent_backend.specs import random_inputs  # noqa: E402
+from agent_backend.task import load_program  # noqa: E402
+from benchmarks.rows_plans import bench  # noqa: E402
+from benchmarks.suite.problem import build  # noqa: E402
+from benchmarks.suite.registry import select  # noqa: E402
+from skills.rows.candidates import _words, model_source, tag  # noqa: E402
+from skills.rows.codegen import TYPICAL_SM_COUNT, Launch, grid_blocks, shared_bytes  # noqa: E402
+from skills.rows.plan import build_plan  # noqa: E402
+
+MAX_WORDS = 48  # registers a thread may hold its slice in
+MAX_THREADS_AN_SM, MAX_BLOCKS_AN_SM, MAX_SHARED_AN_SM = 2048, 8, 220 * 1024
+
+
+def split_launches(task):
+    """(tag, plan, launch) for each split shape that could be resident: 128-1024 threads, 8-64
+    blocks a row, in registers (at most MAX_WORDS a thread) or shared memory (two blocks an SM or more)."""
+    for online in (True, False):
+        plan = build_plan(task, online)
+        for storage in ("registers", "shared"):
+            for threads in (128, 256, 512, 1024):
+                for split in (8, 16, 32, 64):
+                    launch = Launch(threads, 1, plan.vector_width, storage, split=split)
+                    per_sm = -(-grid_blocks(plan, launch) // TYPICAL_SM_COUNT)
+                    if (per_sm * threads > MAX_THREADS_AN_SM or per_sm > MAX_BLOCKS_AN_SM
+                            or shared_bytes(plan, launch) * per_sm > MAX_SHARED_AN_SM):
+                        continue
+                    if (_words(plan, launch) > MAX_WORDS) if storage == "registers" else per_sm < 2:
+                        continue
+                    yield tag(plan, launch), plan, launch
+
+
+def main(mode: str, specs: list[str], only: str | None) -> None:
+    for spec in specs:
+        name, dtype = spec.split(":")
+        (problem,) = select(only=[name])
+        model, inputs = build(problem, dtype, "cpu", small=False)
+        (task,) = [t.on_device("cuda") for t in tasks_of(trace_tasks(model, inputs, backward=False, min_ops=1))]
+        ins = random_inputs(task.inputs, 0, scale=2.0, device="cuda")
+        reference = load_program(task.program)["Model"]().cuda()
+        with torch.no_grad():
+            expected = reference(*ins)
+        fns = {}
+        for label, plan, launch in split_launches(task):
+            if only and label != only:
+                continue
+            try:
+                m = load_program(model_source(plan, launch), label)["ModelNew"]()
+                out = m(*ins)
+                torch.cuda.synchronize()
+            except Exception as e:  # noqa: BLE001 - a shape may be refused: say so, time the rest
+                print(label, "failed:", str(e).splitlines()[0][:120])
+                continue
+            if not torch.allclose(out.float(), expected.float(), rtol=2e-2, atol=1e-5):
+                print(label, "differs from the task's program: left out")
+                continue
+            fns[label] = (lambda m=m: m(*ins))
+        if mode == "ncu":  # a few launches of each, for the profiler
+            for f in fns.values():
+                for _ in range(3):
+                    f()
+            torch.cuda.synchronize()
+            continue
+        compiled = torch.compile(reference, backend="inductor")
+        compiled(*ins)
+        fns["inductor"] = lambda: compiled(*ins)
+        x = ins[0]
+        y = torch.empty_like(x)
+        fns["copy"] = lambda: y.copy_(x)
+        t = bench(fns, rounds=3)
+        print(spec, " | ".join(f"{k} {v:.1f}us" for k, v in sorted(t.items(), key=lambda kv: kv[1])), flush=True)
+
+
+if __name__ == "__main__":
+    mode, rest = sys.argv[1], sys.argv[2:]
+    main(mode, rest[:-1] if mode == "ncu" else rest, rest[-1] if mode == "ncu" else None)
