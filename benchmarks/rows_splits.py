@@ -5,10 +5,12 @@ skills/rows/candidates.SPLIT_REGISTER_WORDS (on an H200, 2026-11-26:
 benchmarks/results/split_sweep-h200-torch2.11-2026-11-26-twentysecond.txt).
 
     python benchmarks/rows_splits.py bench softmax_long_rows:bf16 softmax_long_rows:fp32
+    ROWS_SPLITS_MAX_WORDS=96 python benchmarks/rows_splits.py bench softmax_long_rows:fp32
     ncu --kernel-name regex:TAG python benchmarks/rows_splits.py ncu softmax_long_rows:bf16 TAG
 """
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -26,7 +28,7 @@ from skills.rows.candidates import _words, model_source, tag  # noqa: E402
 from skills.rows.codegen import TYPICAL_SM_COUNT, Launch, grid_blocks, shared_bytes  # noqa: E402
 from skills.rows.plan import build_plan  # noqa: E402
 
-MAX_WORDS = 48  # registers a thread may hold its slice in
+MAX_WORDS = int(os.environ.get("ROWS_SPLITS_MAX_WORDS", 48))  # registers a thread may hold its slice in
 MAX_THREADS_AN_SM, MAX_BLOCKS_AN_SM, MAX_SHARED_AN_SM = 2048, 8, 220 * 1024
 
 

@@ -25,7 +25,7 @@ from agent_backend.specs import Task, TensorSpec, random_inputs
 from agent_backend.task import load_program
 from helpers import launch_spec_of
 from skills.rows import propose, supports
-from skills.rows.candidates import launch_configs, model_source, tag
+from skills.rows.candidates import _fits_registers, _words, launch_configs, model_source, tag
 from skills.rows.codegen import Launch, grid_blocks, kernel_source, lanes_fit, shared_bytes, workspace_bytes
 from skills.rows.plan import build_plan
 from skills.rows.placement import refine, runs
@@ -322,12 +322,15 @@ def test_few_long_rows_are_split_over_a_cooperative_grid():
     (half,) = [c for c in launch_configs(wide) if c.split > 1]
     assert (half.threads, half.storage, half.split, grid_blocks(wide, half)) == (256, "shared", 16, 256)
     assert shared_bytes(wide, half) == 96 * 1024
-    # online (nothing kept), a bf16 row also in registers, 48 words a thread: 16 blocks of 256
-    # threads a row, two an SM (the launch bounds say so), and 32 blocks of 128
-    online = build_plan(resized(case_task("softmax", bf16), (16, 393216)), online=True)
-    held = [c for c in launch_configs(online) if c.split > 1 and c.storage == "registers"]
-    assert [(c.threads, c.split, grid_blocks(online, c)) for c in held] == [(256, 16, 256), (128, 32, 512)]
-    assert "__launch_bounds__(256, 2)" in kernel_source(online, "k", held[0])
+    # online (nothing kept), a row also in registers: 16 blocks of 256 threads a row, two an SM
+    # (the launch bounds say so), and 32 blocks of 128; fp32 takes 96 words a thread, what the
+    # register file leaves two blocks an SM less 32 (four blocks of 256 would leave 64: refused)
+    for dtype, words in ((bf16, 48), (f32, 96)):
+        online = build_plan(resized(case_task("softmax", dtype), (16, 393216)), online=True)
+        held = [c for c in launch_configs(online) if c.split > 1 and c.storage == "registers"]
+        assert [(c.threads, c.split, grid_blocks(online, c)) for c in held] == [(256, 16, 256), (128, 32, 512)]
+        assert _words(online, held[0]) == words and "__launch_bounds__(256, 2)" in kernel_source(online, "k", held[0])
+    assert not _fits_registers(online, Launch(256, 1, 4, split=32))
     assert all(c.split == 1 for c in launch_configs(build_plan(resized(case_task("softmax", f32), (64, 393216)))))
     for name in ("softmax", "sum_last"):
         assert all(c.split == 1 for c in launch_configs(build_plan(case_task(name, f32))))
@@ -576,10 +579,10 @@ def test_launch_shapes_follow_the_row_length():
     # 393216 elements of fp32: a cluster of 8 blocks holds a row (192 KB of shared memory each),
     # or 16 blocks of a cooperative grid (96 KB each); of bf16, 32 blocks of one (24 KB each)
     # ("o": the max and the sum of exp in one pass, online, then the outputs; rows over 64 KB);
-    # online, also in registers, 48 words a thread: fp32 over 32 blocks, bf16 over 16 (and 32 of
-    # 128 threads); the two-pass plan keeps each exp too, too many words for that
+    # online, also in registers over 16 blocks of 256 threads (fp32: 96 words a thread, bf16: 48)
+    # and 32 of 128; the two-pass plan keeps each exp too, too many words for that
     assert _tags(resized(case_task("softmax", f32), (16, 393216))) == [
-        "t1024r1v4sc8o", "t256r1v4sg16o", "t256r1v4g32o", "t1024r1v4sc8", "t256r1v4sg16"]
+        "t1024r1v4sc8o", "t256r1v4sg16o", "t256r1v4g16o", "t128r1v4g32o", "t1024r1v4sc8", "t256r1v4sg16"]
     assert _tags(resized(case_task("softmax", bf16), (16, 393216))) == [
         "t1024r1v8c8o", "t1024r1v8sc4o", "t256r1v8sg32o", "t256r1v8g16o", "t128r1v8g32o", "t1024r1v8sc4",
         "t256r1v8sg32"]

@@ -22,8 +22,12 @@ SPLIT_THREADS, SPLIT_BLOCKS = 256, 4 * TYPICAL_SM_COUNT
 # more loads in flight a thread): on an H200 (2026-11-26, twenty-second session), softmax over
 # 16 x 393216 bf16, online, ran 17.0 us at 48 words (256 threads x 16 blocks a row, or 128 x 32),
 # 19.7 us at 24 (256 x 32), 21.1 us from 24 KB of shared memory a block (256 x 32, the shape
-# offered until then); Inductor 52.9 us, a copy 10.9 us.
-SPLIT_REGISTER_WORDS = 48
+# offered until then); Inductor 52.9 us, a copy 10.9 us. In fp32, 25.1 us at 96 words (128 x 32,
+# online) and 25.4 us (256 x 32, each exp kept too), 27.0 us from 96 KB of shared memory (256 x 16).
+SPLIT_REGISTER_WORDS = 96
+# ... and in what the register file leaves each thread of the resident grid, less what the
+# kernel needs besides its slice (indices, partials, the epilogue's values).
+REGISTER_FILE, MAX_THREAD_REGISTERS, OTHER_REGISTERS = 64 * 1024, 255, 32
 MAX_BLOCK = 1024
 # A row held on chip at least this long is also offered prefetched (one block an SM): on an H200,
 # GroupNorm over 512 rows of 64 KB ran 1.16x faster so; softmax's rows of 16 KB fill an SM with
@@ -194,18 +198,22 @@ def _split_rows(plan: RowPlan) -> list[Launch]:
 
 
 def _wide_register_splits(plan: RowPlan, split: int) -> list[Launch]:
-    """A split row held in registers at the fewest blocks a row that leave each thread at most
-    SPLIT_REGISTER_WORDS and fill every SM, and the same slices at half the threads (twice the
-    blocks, where the grid stays resident)."""
+    """A split row held in registers at the fewest blocks a row that still fill every SM, and the
+    same slices at half the threads over twice the blocks, where they fit (_fits_registers)."""
     width = plan.vector_width
     while (split > 1 and plan.rows * (split // 2) >= TYPICAL_SM_COUNT
-           and _words(plan, Launch(SPLIT_THREADS, 1, width, split=split // 2)) <= SPLIT_REGISTER_WORDS):
+           and _fits_registers(plan, Launch(SPLIT_THREADS, 1, width, split=split // 2))):
         split //= 2
-    widest = Launch(SPLIT_THREADS, 1, width, split=split)
-    if _words(plan, widest) > SPLIT_REGISTER_WORDS:
-        return []
-    halves = Launch(SPLIT_THREADS // 2, 1, width, split=2 * split)
-    return [widest] + ([halves] if grid_blocks(plan, halves) <= SPLIT_BLOCKS else [])
+    shapes = [Launch(SPLIT_THREADS, 1, width, split=split), Launch(SPLIT_THREADS // 2, 1, width, split=2 * split)]
+    return [c for c in shapes if grid_blocks(plan, c) <= SPLIT_BLOCKS and _fits_registers(plan, c)]
+
+
+def _fits_registers(plan: RowPlan, launch: Launch) -> bool:
+    """Whether a split launch's slice fits in SPLIT_REGISTER_WORDS a thread and in what the
+    register file leaves each thread of a resident grid, less OTHER_REGISTERS."""
+    per_sm = -(-grid_blocks(plan, launch) // TYPICAL_SM_COUNT)
+    budget = min(MAX_THREAD_REGISTERS, REGISTER_FILE // (launch.block * per_sm))
+    return _words(plan, launch) <= min(SPLIT_REGISTER_WORDS, budget - OTHER_REGISTERS)
 
 
 def _across_rows(plan: RowPlan) -> list[Launch]:
