@@ -146,8 +146,12 @@ def _along_rows(plan: RowPlan) -> list[Launch]:
         whole = Launch(MAX_BLOCK, 1, width, "shared")
         if shared_bytes(plan, whole) <= SHARED_BYTES:
             configs.append(whole)
+        split = _split_rows(plan)
+        # where few rows split over a cooperative grid, no cluster: on an H200 (2026-11-26), softmax
+        # over 16 x 393216, every cluster shape ran 0.87-1.18x Inductor in three searches, the
+        # split ones 1.27-1.81x (benchmarks/results/suite-h200-...-twentysecond-long-rows*)
         for storage, fits in (("registers", lambda c: _words(plan, c) <= REGISTER_WORDS),
-                              ("shared", lambda c: shared_bytes(plan, c) <= SHARED_BYTES)):
+                              ("shared", lambda c: shared_bytes(plan, c) <= SHARED_BYTES)) if not split else ():
             cluster = 2
             while cluster <= MAX_CLUSTER:
                 c = Launch(MAX_BLOCK, 1, width, storage, cluster)
@@ -155,7 +159,7 @@ def _along_rows(plan: RowPlan) -> list[Launch]:
                     configs.append(c)
                     break
                 cluster *= 2
-        configs += _split_rows(plan)
+        configs += split
     return configs
 
 
