@@ -150,15 +150,16 @@ def _along_rows(plan: RowPlan) -> list[Launch]:
         # where few rows split over a cooperative grid, no cluster: on an H200 (2026-11-26), softmax
         # over 16 x 393216, every cluster shape ran 0.87-1.18x Inductor in three searches, the
         # split ones 1.27-1.81x (benchmarks/results/suite-h200-...-twentysecond-long-rows*)
-        for storage, fits in (("registers", lambda c: _words(plan, c) <= REGISTER_WORDS),
-                              ("shared", lambda c: shared_bytes(plan, c) <= SHARED_BYTES)) if not split else ():
-            cluster = 2
-            while cluster <= MAX_CLUSTER:
-                c = Launch(MAX_BLOCK, 1, width, storage, cluster)
-                if fits(c) and (plan.rows * cluster <= 2 * TYPICAL_SM_COUNT or not configs):
-                    configs.append(c)
-                    break
-                cluster *= 2
+        if not split:
+            for storage, fits in (("registers", lambda c: _words(plan, c) <= REGISTER_WORDS),
+                                  ("shared", lambda c: shared_bytes(plan, c) <= SHARED_BYTES)):
+                cluster = 2
+                while cluster <= MAX_CLUSTER:
+                    c = Launch(MAX_BLOCK, 1, width, storage, cluster)
+                    if fits(c) and (plan.rows * cluster <= 2 * TYPICAL_SM_COUNT or not configs):
+                        configs.append(c)
+                        break
+                    cluster *= 2
         configs += split
     return configs
 
