@@ -8,8 +8,9 @@ import string
 from agent_backend.specs import Candidate
 from skills.pointwise.errors import Unsupported
 
-from .codegen import (TYPICAL_SM_COUNT, WARP, Launch, buffer_bytes, can_prefetch, grid_blocks, is_vector_access,
-                      keeps_values, kernel_source, lanes, lanes_fit, shared_bytes, vectors_per_thread, workspace_bytes)
+from .codegen import (TYPICAL_SM_COUNT, WARP, Launch, blocks_per_sm, buffer_bytes, can_prefetch, grid_blocks,
+                      is_vector_access, keeps_values, kernel_source, lanes, lanes_fit, shared_bytes, vectors_per_thread,
+                      workspace_bytes)
 from .plan import RowPlan
 
 REGISTER_WORDS = 32        # 32-bit registers a thread may spend on its part of the on-chip rows
@@ -216,8 +217,7 @@ def _wide_register_splits(plan: RowPlan, split: int) -> list[Launch]:
 def _fits_registers(plan: RowPlan, launch: Launch) -> bool:
     """Whether a split launch's slice fits in SPLIT_REGISTER_WORDS a thread and in what the
     register file leaves each thread of a resident grid, less OTHER_REGISTERS."""
-    per_sm = -(-grid_blocks(plan, launch) // TYPICAL_SM_COUNT)
-    budget = min(MAX_THREAD_REGISTERS, REGISTER_FILE // (launch.block * per_sm))
+    budget = min(MAX_THREAD_REGISTERS, REGISTER_FILE // (launch.block * blocks_per_sm(plan, launch)))
     return _words(plan, launch) <= min(SPLIT_REGISTER_WORDS, budget - OTHER_REGISTERS)
 
 

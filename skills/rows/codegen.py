@@ -126,6 +126,12 @@ def grid_blocks(plan: RowPlan, launch: Launch) -> int:
     return -(-plan.rows // (launch.rows * lanes(plan, launch))) * launch.blocks_per_row
 
 
+def blocks_per_sm(plan: RowPlan, launch: Launch) -> int:
+    """The blocks of `launch`'s grid each SM holds at once (a cooperative grid must be resident):
+    the launch bounds' minimum, and what a thread's registers are budgeted for."""
+    return -(-grid_blocks(plan, launch) // TYPICAL_SM_COUNT)
+
+
 def workspace_bytes(plan: RowPlan, launch: Launch) -> int:
     """Global memory a split row's blocks exchange their partials through: a slot a partial, a
     block and a row (each pass's partials have their own, so no pass overwrites what another
@@ -290,7 +296,7 @@ extern "C" __global__ void __launch_bounds__({self._bounds()}) {name}({", ".join
         keeps registers within what lets the whole grid be resident)."""
         if self.S == 1:
             return str(self.launch.block)
-        return f"{self.launch.block}, {-(-grid_blocks(self.plan, self.launch) // TYPICAL_SM_COUNT)}"
+        return f"{self.launch.block}, {blocks_per_sm(self.plan, self.launch)}"
 
     def _thread_index(self) -> list[str]:
         """t: the thread's place in its row; slot: its row in the block; row: the row index."""
