@@ -105,6 +105,30 @@ def test_large_dynamic_shared_memory():
     torch.testing.assert_close(out, x.flip(0), rtol=0, atol=0)
 
 
+# The same through 48 KB of dynamic shared memory beside a static counter: the default limit is
+# 48 KB less the static shared memory, so the launch works only where the limit was raised.
+REVERSE_BESIDE_STATIC_SHARED_SRC = r"""
+extern "C" __global__ void reverse_counted(const float* x, float* out, int n) {
+    __shared__ int count;
+    extern __shared__ float tile[];
+    if (threadIdx.x == 0) count = 0;
+    __syncthreads();
+    for (int i = threadIdx.x; i < n; i += blockDim.x) { tile[i] = x[i]; atomicAdd(&count, 1); }
+    __syncthreads();
+    for (int i = threadIdx.x; i < n; i += blockDim.x) out[i] = tile[n - 1 - i] + (float)(count - n);
+}"""
+FORTY_EIGHT_KB_OF_FLOATS = 48 * 1024 // 4
+
+
+def test_48_kb_of_dynamic_shared_memory_beside_static():
+    kernel = load_kernel(REVERSE_BESIDE_STATIC_SHARED_SRC, "reverse_counted", ["ptr", "ptr", "i32"])
+    n = FORTY_EIGHT_KB_OF_FLOATS
+    x = torch.randn(n, device="cuda")
+    out = torch.empty_like(x)
+    kernel.launch(1, 1024, [x, out, n], shared_mem=n * 4)
+    torch.testing.assert_close(out, x.flip(0), rtol=0, atol=0)
+
+
 @pytest.mark.skipif(torch.cuda.is_available() and torch.cuda.get_device_capability() < (9, 0),
                     reason="thread-block clusters need sm_90")
 def test_cluster_launch_shares_shared_memory():

@@ -28,7 +28,7 @@ from agent_backend.env.launch_spec import Arg, KernelLaunch, LaunchSpec
 from agent_backend.options import resolve
 from agent_backend.specs import TensorSpec
 from helpers import collect_tasks, put_cached_entry
-from test_compile_gpu import REVERSE_THROUGH_SHARED_SRC
+from test_compile_gpu import FORTY_EIGHT_KB_OF_FLOATS, REVERSE_BESIDE_STATIC_SHARED_SRC, REVERSE_THROUGH_SHARED_SRC
 from skills.pointwise import propose
 
 pytestmark = pytest.mark.gpu
@@ -168,6 +168,18 @@ def test_large_dynamic_shared_memory():
     spec = LaunchSpec((_vector(n),), (_vector(n),), (KernelLaunch.compile(REVERSE_THROUGH_SHARED_SRC, "reverse", grid=1, block=1024,
                                                                          args=args, shared_mem=n * 4),))
     key = _registered("gpu reverse", spec)
+    x = torch.randn(n, device="cuda")
+    assert torch.equal(torch.ops.cuda_agent.launch.default(key, "", [x])[0], x.flip(0))
+
+
+@pytest.mark.parametrize("cooperative", [False, True])
+def test_48_kb_of_dynamic_shared_memory_beside_static(cooperative):
+    # cooperative, the launch refused this as "too many blocks in cooperative launch"
+    n = FORTY_EIGHT_KB_OF_FLOATS
+    args = (Arg.input(0), Arg.output(0), Arg("i32", n))
+    kernel = KernelLaunch.compile(REVERSE_BESIDE_STATIC_SHARED_SRC, "reverse_counted", grid=1, block=1024, args=args,
+                                  shared_mem=n * 4, cooperative=cooperative)
+    key = _registered(f"gpu reverse beside static {cooperative}", LaunchSpec((_vector(n),), (_vector(n),), (kernel,)))
     x = torch.randn(n, device="cuda")
     assert torch.equal(torch.ops.cuda_agent.launch.default(key, "", [x])[0], x.flip(0))
 

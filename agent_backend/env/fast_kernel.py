@@ -51,7 +51,7 @@ class Kernel:
 
         grid, block: an int or a tuple of up to 3 ints. args: one per arg type; a "ptr" takes a
         CUDA tensor (its data_ptr()) or an int address. shared_mem: dynamic shared memory in
-        bytes; above 48 KB the kernel's limit is raised for you. cluster: None, or the shape of
+        bytes; the kernel's limit is raised to it for you. cluster: None, or the shape of
         a thread-block cluster (an int or up to 3 ints; sm_90+, at most 8 blocks portably), which
         must divide the grid: its blocks share distributed shared memory."""
         self._function.launch(grid, block, args, shared_mem, self._current_stream(self.device), cluster)

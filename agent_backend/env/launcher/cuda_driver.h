@@ -24,8 +24,6 @@ constexpr CUresult CUDA_ERROR_NOT_FOUND = 500;
 constexpr int CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8;
 constexpr int CU_LAUNCH_ATTRIBUTE_COOPERATIVE = 2;
 constexpr int CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION = 4;
-// Dynamic shared memory a kernel may use before its limit must be raised.
-constexpr unsigned kDefaultSharedMemLimit = 48 * 1024;
 
 // cuLaunchKernelEx's configuration, laid out as cuda.h's CUlaunchAttribute and CUlaunchConfig on
 // 64-bit Linux; the sizes and offsets asserted below are checked against cuda.h by

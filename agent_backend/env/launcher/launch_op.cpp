@@ -134,7 +134,9 @@ CUfunction function_on(Kernel& kernel, c10::DeviceIndex device) {
   CUmodule module = nullptr;
   check(d.cuModuleLoadData(&module, kernel.image.data()), "cuModuleLoadData('" + kernel.name + "')");
   function = get_function(module, kernel.name);
-  if (kernel.shared_mem > kDefaultSharedMemLimit) {
+  // Raised for any dynamic shared memory: by default a kernel may take 48 KB less its static shared
+  // memory, so even 48 KB exactly would be refused (as "too many blocks" where cooperative).
+  if (kernel.shared_mem > 0) {
     check(d.cuFuncSetAttribute(function, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
                                static_cast<int>(kernel.shared_mem)),
           "cuFuncSetAttribute(max dynamic shared memory = " + std::to_string(kernel.shared_mem) + ")");

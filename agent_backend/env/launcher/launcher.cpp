@@ -205,7 +205,9 @@ class Function {
   CUfunction function_;
   std::string name_;
   std::string arg_codes_;
-  unsigned shared_mem_limit_ = kDefaultSharedMemLimit;
+  // Dynamic shared memory the function's limit was raised to: none yet. The default limit, 48 KB less
+  // the kernel's static shared memory, would refuse even 48 KB exactly, so any request raises it.
+  unsigned shared_mem_limit_ = 0;
 };
 
 }  // namespace
