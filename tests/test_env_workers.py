@@ -6,12 +6,14 @@ from __future__ import annotations
 import dataclasses
 import os
 import signal
+import threading
 import time
 from contextlib import contextmanager
 
 import pytest
 
 from agent_backend.env import Environment, Evaluation, Timeouts
+from agent_backend.env.pool import WorkerHandle
 from test_env_cases import (CACHES_ONCE_TIMED, GOOD_ADD_RELU, add_relu_task, contiguous, make_candidate, make_task,
                             module_environment)
 
@@ -171,3 +173,45 @@ def test_a_reference_inductor_cannot_run_is_a_verdict(env):
     timing = env.time_reference(broken)
     assert timing.status == "compile_error" and "the reference cannot run" in timing.reason
     assert timing.inductor_ms is None
+
+
+def test_closing_while_a_restart_kills_its_worker_waits_its_turn(tmp_path, monkeypatch):
+    """The environment closing (at exit, say) while a request's thread replaces its worker: the
+    close waits for the restart, then stops the new worker, so the pipe is closed once and no
+    worker outlives the close. Each stop's kill is held until the other thread is under way."""
+    handle = WorkerHandle("cpu", str(tmp_path), 0)
+    handle.start()
+    killed, in_first_kill, release = [], threading.Event(), threading.Event()
+    real_killpg = os.killpg
+
+    def slow_killpg(pid, sig):  # the first kill lingers, as a worker stuck in the driver would
+        killed.append(pid)
+        if not in_first_kill.is_set():
+            in_first_kill.set()
+            release.wait(10)
+        real_killpg(pid, sig)
+
+    monkeypatch.setattr(os, "killpg", slow_killpg)
+    errors = []
+
+    def run(step):
+        try:
+            step()
+        except Exception as e:  # noqa: BLE001 - the test reports whatever a thread raised
+            errors.append(e)
+
+    restarting = threading.Thread(target=run, args=(handle.restart,))
+    restarting.start()
+    assert in_first_kill.wait(10)
+    closing = threading.Thread(target=run, args=(handle.close,))
+    closing.start()
+    time.sleep(0.5)  # taking no turns, the close would now stop the worker under the restart's feet
+    release.set()
+    restarting.join(30)
+    closing.join(30)
+    assert not errors, errors
+    assert handle.closed and handle.process is None and handle.conn is None
+    assert len(set(killed)) == 2, "the close stopped the worker the restart started"
+    for pid in killed:
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)

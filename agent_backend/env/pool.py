@@ -100,12 +100,20 @@ class WorkerHandle:
         self.conn = None
         self.ready = False
         self.closed = False  # set when its environment closes: a request in flight then starts no new worker
+        # Held to start, stop or close: the thread closing the environment (at exit too) and a
+        # request's thread replacing its worker take turns, so one pipe is never closed twice
+        # and no worker starts after the close.
+        self._lock = threading.RLock()
         # Seconds requests waited for this worker to start, by part, since the last take_start_s():
         # "worker_start:<part>" as the worker timed its own start-up, "worker_start:process" the
         # rest (the process's start and imports); the parts add up to the whole wait.
         self.start_s: dict[str, float] = {}
 
     def start(self) -> None:
+        with self._lock:
+            self._start()
+
+    def _start(self) -> None:
         if self.closed:
             raise RuntimeError("the environment is closed")
         parent_conn, child_conn = Pipe(duplex=True)
@@ -127,6 +135,10 @@ class WorkerHandle:
 
     def stop(self) -> None:
         """Kill the worker and everything it started; never waits long."""
+        with self._lock:
+            self._stop()
+
+    def _stop(self) -> None:
         if self.process is not None:
             try:
                 os.killpg(self.process.pid, signal.SIGKILL)
@@ -141,8 +153,15 @@ class WorkerHandle:
         self.process, self.conn, self.ready = None, None, False
 
     def restart(self) -> None:
-        self.stop()
-        self.start()
+        with self._lock:
+            self._stop()
+            self._start()
+
+    def close(self) -> None:
+        """Stop the worker for good: a request in flight then starts no new one."""
+        with self._lock:
+            self.closed = True
+            self._stop()
 
     def _returncode(self) -> int | None:
         """The exit status of a worker that closed its end; None if it does not exit soon."""
@@ -209,8 +228,7 @@ class WorkerHandle:
 
 def _kill_all(handles: list[WorkerHandle], log_dir: str) -> None:
     for handle in handles:
-        handle.closed = True
-        handle.stop()
+        handle.close()
     shutil.rmtree(log_dir, ignore_errors=True)
 
 
