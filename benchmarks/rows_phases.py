@@ -14,7 +14,8 @@ benchmarks/results/phase_probe-h200-torch2.11-2026-11-26-twentythird.txt.
 - pipe-G<g>: softmax over g groups of rows, each block a slice of a row of every group: it loads
   group k + 1 while waiting for group k's row to be summed, then stores group k (a barrier a row:
   a counter that every launch adds as many arrivals to, so it needs no zeroing);
-  -gridsync: grid.sync() for the barrier.
+  -gridsync: grid.sync() for the barrier; -online: each vector's max and terms as it arrives (as
+  the generated kernel does), not the max of the whole slice first.
 """
 from __future__ import annotations
 
@@ -44,6 +45,8 @@ VARIANTS = {  # label: kernel, defines, cooperative
     "empty-coop-sync": ("empty", {"SYNC": 1}, True), "empty-plain": ("empty", {}, False),
     "pipe-G1": ("pipe", {"G": 1}, True), "pipe-G2": ("pipe", {"G": 2}, True), "pipe-G4": ("pipe", {"G": 4}, True),
     "pipe-G2-gridsync": ("pipe", {"G": 2, "GRIDSYNC": 1}, True),
+    "pipe-G1-online": ("pipe", {"G": 1, "ONLINE": 1}, True), "pipe-G2-online": ("pipe", {"G": 2, "ONLINE": 1}, True),
+    "pipe-G4-online": ("pipe", {"G": 4, "ONLINE": 1}, True),
 }
 KERNELS = r'''
 #include <cooperative_groups.h>
@@ -154,15 +157,28 @@ pipe(const E* __restrict__ in, int* cnt, E* __restrict__ out, float2* ws) {
     if (g < G) {
       const int row = g * RPG + blockIdx.x / BPR;
       float m = NEG_INF;
+      float s = 0.f;
+#if ONLINE  // each vector as it arrives: its max, the sum rescaled where the max grew, its terms
+      #pragma unroll
+      for (int e = 0; e < NH; ++e) {
+        float vm = m;
+        #pragma unroll
+        for (int v = 0; v < VW; ++v) vm = fmaxf(vm, tof(b[g & 1][e].v[v]));
+        if (vm != m) s *= ex2((m - vm) * L2E);
+        m = vm;
+        #pragma unroll
+        for (int v = 0; v < VW; ++v) s += ex2((tof(b[g & 1][e].v[v]) - m) * L2E);
+      }
+#else  // the max of every vector held, then the sum
       #pragma unroll
       for (int e = 0; e < NH; ++e)
         #pragma unroll
         for (int v = 0; v < VW; ++v) m = fmaxf(m, tof(b[g & 1][e].v[v]));
-      float s = 0.f;
       #pragma unroll
       for (int e = 0; e < NH; ++e)
         #pragma unroll
         for (int v = 0; v < VW; ++v) s += ex2((tof(b[g & 1][e].v[v]) - m) * L2E);
+#endif
       const float2 p = block_pair(make_float2(m, s), red);
       if (t == 0) {
         ws[row * BPR + piece] = p;
@@ -182,7 +198,7 @@ def defines(dtype: str, **extra) -> dict:
     threads, split, width, per_sm = SHAPES[dtype]
     return {"E": "bf16" if dtype == "bf16" else "float", "VW": width, "THREADS": threads, "SPLIT": split,
             "NV": ROW_LENGTH // split // threads // width, "MINB": per_sm, "ROWS": ROWS, "ROWLEN": ROW_LENGTH,
-            "G": 1, "SYNC": 0, "GRIDSYNC": 0, **extra}
+            "G": 1, "SYNC": 0, "GRIDSYNC": 0, "ONLINE": 0, **extra}
 
 
 def kernel_source(dtype: str, **extra) -> str:
@@ -224,6 +240,7 @@ def main(mode: str, dtype: str) -> None:
         except Exception as e:  # noqa: BLE001 - a variant may fail: say so, time the rest
             print(label, "failed:", str(e).splitlines()[0][:200], flush=True)
             continue
+        print(f"{dtype} {label}: checked", file=sys.stderr, flush=True)
         fns[label] = (lambda m=model, c=counters: m(x, c))
     if mode == "ncu":
         for f in fns.values():

@@ -12,9 +12,10 @@ from test_rows_template import _nvcc
 
 @pytest.mark.skipif(_nvcc() is None, reason="needs nvcc")
 @pytest.mark.parametrize("dtype", ["bf16", "fp32"])
-def test_the_probe_kernels_compile_without_spilling(tmp_path, dtype):
+@pytest.mark.parametrize("online", [0, 1])
+def test_the_probe_kernels_compile_without_spilling(tmp_path, dtype, online):
     path = tmp_path / f"phases_{dtype}.cu"
-    path.write_text(kernel_source(dtype, G=2))
+    path.write_text(kernel_source(dtype, G=2, ONLINE=online))
     command = [_nvcc(), "-cubin", "-arch=sm_90", "-Xptxas=--warn-on-spills", "-o", str(path.with_suffix(".cubin")),
                str(path)]
     result = subprocess.run(command, capture_output=True, text=True)
