@@ -70,13 +70,19 @@ def test_gemm_reduce_becomes_a_gemv_with_the_same_result(fn, shapes):
     assert_same_function(task, candidate)
 
 
-def test_gemm_reduce_in_bf16_sums_in_fp32_and_rounds_once():
-    task = only_task(lambda x, w: (x @ w).sum(-1), torch.randn(16, 32, dtype=torch.bfloat16),
-                     torch.randn(32, 48, dtype=torch.bfloat16))
+@pytest.mark.parametrize("fn, shapes", [
+    (lambda x, w: (x @ w).sum(-1), [(16, 32), (32, 48)]),
+    (lambda x, w, b: F.linear(x, w, b).mean(-1), [(3, 5, 32), (48, 32), (48,)]),
+    (lambda x, w: torch.bmm(x, w).sum(-1, keepdim=True), [(2, 8, 16), (2, 16, 24)]),
+], ids=["mm-sum", "linear-bias-mean", "bmm-sum"])
+def test_gemm_reduce_in_bf16_sums_in_fp32_and_rounds_once(fn, shapes):
+    task = only_task(fn, *[torch.randn(s, dtype=torch.bfloat16) for s in shapes])
     (candidate,) = rewrites.propose(task)
     assert "dtype=torch.float32" in candidate.source and "torch.bfloat16" in candidate.source
     # conversions are written as aten._to_copy: prims' eager path costs hundreds of us per call
     assert "aten._to_copy.default" in candidate.source and "convert_element_type" not in candidate.source
+    # the GEMV as a product and a sum over k (one reduction for Inductor): x is not copied to fp32
+    assert "mm.default" not in candidate.source and candidate.source.count("aten._to_copy.default") == 1
     assert_same_function(task, candidate, tol=2e-2)
 
 
