@@ -178,7 +178,7 @@ def test_a_reference_inductor_cannot_run_is_a_verdict(env):
 def test_closing_while_a_restart_kills_its_worker_waits_its_turn(tmp_path, monkeypatch):
     """The environment closing (at exit, say) while a request's thread replaces its worker: the
     close waits for the restart, then stops the new worker, so the pipe is closed once and no
-    worker outlives the close. Each stop's kill is held until the other thread is under way."""
+    worker outlives the close. The restart's kill is held until the close is under way."""
     handle = WorkerHandle("cpu", str(tmp_path), 0)
     handle.start()
     killed, in_first_kill, release = [], threading.Event(), threading.Event()
@@ -201,14 +201,18 @@ def test_closing_while_a_restart_kills_its_worker_waits_its_turn(tmp_path, monke
             errors.append(e)
 
     restarting = threading.Thread(target=run, args=(handle.restart,))
-    restarting.start()
-    assert in_first_kill.wait(10)
     closing = threading.Thread(target=run, args=(handle.close,))
-    closing.start()
-    time.sleep(0.5)  # taking no turns, the close would now stop the worker under the restart's feet
-    release.set()
-    restarting.join(30)
-    closing.join(30)
+    try:
+        restarting.start()
+        assert in_first_kill.wait(10)
+        closing.start()
+        time.sleep(0.5)  # taking no turns, the close would now stop the worker under the restart's feet
+    finally:
+        release.set()
+        for thread in (restarting, closing):
+            if thread.ident is not None:  # started
+                thread.join(30)
+        handle.close()  # whatever happened, no worker is left behind
     assert not errors, errors
     assert handle.closed and handle.process is None and handle.conn is None
     assert len(set(killed)) == 2, "the close stopped the worker the restart started"
