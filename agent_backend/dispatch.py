@@ -15,6 +15,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from skills import rewrites
+
 from . import background, gate, in_context, runtime
 from .env.floors import FILE_NAME as FLOORS_FILE
 from .env.launch_spec import read_from_entry, store_in_entry, strip_from_entry
@@ -130,7 +132,7 @@ class Dispatcher:
         key = make_key(task.hash, task.inputs, device, self.precision)
         lookup = self.cache.get(key)
         no_search = self._why_no_search(device)
-        if lookup is not None and (no_search or not self.search_again(lookup.entry)):
+        if lookup is not None and (no_search or not self.search_again(lookup.entry, task)):
             entry = lookup.entry
             if entry.outcome != "kernel":
                 return Decision(task, None, f"cached: {entry.reason}", **_recorded(entry))
@@ -179,19 +181,33 @@ class Dispatcher:
             return "no CUDA device to search on"
         return None
 
-    def search_again(self, entry) -> bool:
-        """Whether a cached result is worth a new search: a stale loser, or a task the gate
-        skipped under a bar that no longer skips it (or with the gate now off)."""
+    def search_again(self, entry, task: Task) -> bool:
+        """Whether a cached result is worth a new search: a stale loser, a rewrite winner our
+        rules no longer write, or a task the gate skipped under a bar that no longer skips it (or
+        with the gate now off)."""
         recorded = entry.timings.get("gate") or {}
         gated_off = recorded.get("skipped") and not (
             self.settings.gate and gate.still_skips(recorded, self.settings.min_speedup, self.settings.gate_slack))
-        return self.is_stale_loser(entry) or bool(gated_off)
+        return self.is_stale_loser(entry) or self.is_stale_rewrite(entry, task) or bool(gated_off)
 
     def is_stale_loser(self, entry) -> bool:
         """A loser written by another policy, or another revision of ours, which might win now."""
         current = (self.policy.name, self.policy.revision)
         return entry.outcome != "kernel" and (entry.provenance.get("policy"),
                                               entry.provenance.get("policy_revision")) != current
+
+    def is_stale_rewrite(self, entry, task: Task) -> bool:
+        """A rewrite winner from another revision of ours whose rules, applied to the task now,
+        write another source or none: it could no longer go into the graph as its ATen ops
+        (inline.aten_graph), only run op by op through its own call, which the in-context check
+        never timed; a new search finds what the rules write now."""
+        if entry.outcome != "kernel" or not entry.origin.startswith(rewrites.ORIGIN) or task.graph_module is None:
+            return False
+        if (entry.provenance.get("policy"), entry.provenance.get("policy_revision")) == (
+                self.policy.name, self.policy.revision):
+            return False
+        rebuilt = rewrites.rebuild(task, entry.origin)
+        return rebuilt is None or rebuilt[1] != entry.source
 
     def leave_to_background(self, task: Task, key) -> Decision:
         """Queue the task's search and leave the task to Inductor for now."""
@@ -231,7 +247,7 @@ class Dispatcher:
         from .trajectories import FILE, Recorder, TrajectoryLog
         if not self._announced_search and self.settings.mode == "search":
             log.warning("cuda_agent: searching kernels for subgraphs with no cached result, or a loser from "
-                        "an older policy (up to %.0f s "
+                        "an older policy, or a rewrite our rules now write differently (up to %.0f s "
                         "each); results are cached, and options={'mode': 'cached'} skips the search",
                         self.settings.search_budget_s)
             self._announced_search = True

@@ -154,6 +154,33 @@ def test_only_losers_from_another_policy_or_revision_are_stale():
         assert dispatcher.is_stale_loser(_entry(outcome, {}))
 
 
+def test_a_rewrite_winner_our_rules_no_longer_write_is_searched_again():
+    """A rewrite winner cached under an older revision whose source the rules no longer write (a
+    bf16 gemm_reduce written as an fp32 copy and a GEMV, before the fused form) could only run
+    op by op, not inlined: searched again. One the rules still write, or this revision wrote, stays."""
+    from agent_backend.dispatch import Dispatcher
+    from kernel_cache import Entry
+    from skills import rewrites
+    from test_rewrites import only_task
+    dispatcher = Dispatcher(resolve({}))
+    task = only_task(lambda x, w: (x @ w).sum(-1), torch.randn(16, 32, dtype=torch.bfloat16),
+                     torch.randn(32, 48, dtype=torch.bfloat16))
+    (candidate,) = rewrites.propose(task)
+    older = {"policy": "builtin", "policy_revision": "an older one"}
+    ours = {"policy": "builtin", "policy_revision": dispatcher.policy.revision}
+    no_longer_written = candidate.source.replace("aten.mul.Tensor", "aten.mm.default")
+
+    def winner(source, provenance):
+        return Entry(outcome="kernel", reason="test", source=source, origin=candidate.origin, provenance=provenance)
+
+    assert no_longer_written != candidate.source
+    assert dispatcher.is_stale_rewrite(winner(no_longer_written, older), task)
+    assert dispatcher.search_again(winner(no_longer_written, older), task)
+    assert not dispatcher.is_stale_rewrite(winner(candidate.source, older), task), "the rules still write it"
+    assert not dispatcher.is_stale_rewrite(winner(no_longer_written, ours), task), "this revision's rules wrote it"
+    assert not dispatcher.search_again(_entry("kernel", older), task), "a winner of another origin stays"
+
+
 def test_policy_revision_follows_the_template_sources(tmp_path):
     from agent_backend.policies import source_revision
     (tmp_path / "pkg").mkdir()
