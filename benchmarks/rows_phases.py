@@ -30,7 +30,7 @@ from agent_backend.env.launch_op import launch_spec_model  # noqa: E402
 from agent_backend.env.launch_spec import Arg, KernelLaunch, LaunchSpec  # noqa: E402
 from agent_backend.explain import tasks_of, trace_tasks  # noqa: E402
 from agent_backend.specs import TensorSpec  # noqa: E402
-from benchmarks.rows_plans import bench, plan_contenders  # noqa: E402
+from benchmarks.rows_plans import bench_beside_inductor_and_copy, plan_contenders  # noqa: E402
 from benchmarks.suite.problem import build  # noqa: E402
 from benchmarks.suite.registry import select  # noqa: E402
 from skills.rows.candidates import tag  # noqa: E402
@@ -247,14 +247,8 @@ def main(mode: str, dtype: str) -> None:
             f()
         torch.cuda.synchronize()
         return
-    compiled = torch.compile(lambda a: torch.softmax(a, -1), backend="inductor")
-    compiled(x)
-    fns["inductor"] = lambda: compiled(x)
-    y = torch.empty_like(x)
-    fns["torch-copy"] = lambda: y.copy_(x)
-    t = bench(fns, rounds=5)
-    ranked = sorted(t.items(), key=lambda kv: kv[1])
-    print(dtype, torch.cuda.get_device_name(), " | ".join(f"{k} {v:.1f}us" for k, v in ranked), flush=True)
+    line = bench_beside_inductor_and_copy(fns, lambda a: torch.softmax(a, -1), [x], x, "torch-copy", rounds=5)
+    print(dtype, torch.cuda.get_device_name(), line, flush=True)
 
 
 if __name__ == "__main__":

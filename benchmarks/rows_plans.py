@@ -40,6 +40,17 @@ def bench(fns: dict, rounds: int = 3) -> dict:
     return {k: min(t) * 1000 for k, t in times.items()}
 
 
+def bench_beside_inductor_and_copy(fns: dict, reference, ins: list, copied, copy_label: str = "copy",
+                                   rounds: int = 3) -> str:
+    """`fns` timed (bench) beside Inductor's compile of `reference` on `ins` ("inductor") and a
+    copy of the tensor `copied` (`copy_label`): every contender, fastest first, on one line."""
+    compiled = torch.compile(reference, backend="inductor")
+    compiled(*ins)
+    destination = torch.empty_like(copied)
+    t = bench({**fns, "inductor": lambda: compiled(*ins), copy_label: lambda: destination.copy_(copied)}, rounds)
+    return " | ".join(f"{k} {v:.1f}us" for k, v in sorted(t.items(), key=lambda kv: kv[1]))
+
+
 def plan_launches(task) -> list[tuple[str, object, Launch]]:
     """(label, plan, launch): "on:<tag>" for each launch of the online plan (and, where it holds
     nothing, STREAMING_THREADS), "2p:<tag>" for each of the held one."""
@@ -87,15 +98,9 @@ def main(specs: list[str]) -> None:
             with torch.no_grad():
                 expected = reference(*ins)
             fns = plan_contenders(plan_launches(task), ins, expected if isinstance(expected, tuple) else (expected,))
-            compiled = torch.compile(reference, backend="inductor")
-            compiled(*ins)
-            fns["inductor"] = lambda: compiled(*ins)
-            x = ins[0]
-            half = torch.empty(x.numel() // 2, dtype=x.dtype, device="cuda")
-            fns["copy_same_bytes"] = lambda: half.copy_(x.view(-1)[: half.numel()])
-            t = bench(fns)
-            print(spec, task.hash[:8], " | ".join(f"{k} {v:.1f}us" for k, v in sorted(t.items(), key=lambda kv: kv[1])),
-                  flush=True)
+            x = ins[0]  # half of it copied: as many bytes moved as reading it
+            line = bench_beside_inductor_and_copy(fns, reference, ins, x.view(-1)[: x.numel() // 2], "copy_same_bytes")
+            print(spec, task.hash[:8], line, flush=True)
 
 
 if __name__ == "__main__":

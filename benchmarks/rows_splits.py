@@ -21,7 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 from agent_backend.explain import tasks_of, trace_tasks  # noqa: E402
 from agent_backend.specs import random_inputs  # noqa: E402
 from agent_backend.task import load_program  # noqa: E402
-from benchmarks.rows_plans import bench, plan_contenders  # noqa: E402
+from benchmarks.rows_plans import bench_beside_inductor_and_copy, plan_contenders  # noqa: E402
 from benchmarks.suite.problem import build  # noqa: E402
 from benchmarks.suite.registry import select  # noqa: E402
 from skills.rows.candidates import _words, tag  # noqa: E402
@@ -69,14 +69,7 @@ def main(mode: str, specs: list[str], only: str | None) -> None:
                     f()
             torch.cuda.synchronize()
             continue
-        compiled = torch.compile(reference, backend="inductor")
-        compiled(*ins)
-        fns["inductor"] = lambda: compiled(*ins)
-        x = ins[0]
-        y = torch.empty_like(x)
-        fns["copy"] = lambda: y.copy_(x)
-        t = bench(fns, rounds=3)
-        print(spec, " | ".join(f"{k} {v:.1f}us" for k, v in sorted(t.items(), key=lambda kv: kv[1])), flush=True)
+        print(spec, bench_beside_inductor_and_copy(fns, reference, ins, ins[0]), flush=True)
 
 
 if __name__ == "__main__":
