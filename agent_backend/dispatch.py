@@ -17,7 +17,7 @@ import torch
 
 from skills import rewrites
 
-from . import background, gate, in_context, runtime
+from . import background, gate, in_context, inline, runtime
 from .env.floors import FILE_NAME as FLOORS_FILE
 from .env.launch_spec import read_from_entry, store_in_entry, strip_from_entry
 from .env.results import needs_context
@@ -206,8 +206,7 @@ class Dispatcher:
         if (entry.provenance.get("policy"), entry.provenance.get("policy_revision")) == (
                 self.policy.name, self.policy.revision):
             return False
-        rebuilt = rewrites.rebuild(task, entry.origin)
-        return rebuilt is None or rebuilt[1] != entry.source
+        return inline.rewritten_as(task, entry.origin, entry.source) is None
 
     def leave_to_background(self, task: Task, key) -> Decision:
         """Queue the task's search and leave the task to Inductor for now."""

@@ -35,12 +35,14 @@ def aten_graph(key: str, task: Task) -> fx.Graph | None:
     """The ATen graph of the winner registered under `key` for `task`, if it is a rewrite whose
     rules, applied to the task's graph again, write exactly its verified source; else None."""
     winner = runtime.registered(key)
-    if winner is None or not winner.origin.startswith(rewrites.ORIGIN):
-        return None
-    rebuilt = rewrites.rebuild(task, winner.origin)
-    if rebuilt is None or rebuilt[1] != winner.source:
-        return None
-    return rebuilt[0]
+    return None if winner is None else rewritten_as(task, winner.origin, winner.source)
+
+
+def rewritten_as(task: Task, origin: str, source: str) -> fx.Graph | None:
+    """The graph the rewrite rules `origin` names write for `task` now, if its source is `source`
+    byte for byte (a rewrite winner of an older revision of the rules may differ); else None."""
+    rebuilt = rewrites.rebuild(task, origin)  # None where origin names no rewrite
+    return rebuilt[0] if rebuilt is not None and rebuilt[1] == source else None
 
 
 def splice(graph: fx.Graph, group: Group, sub: fx.Graph) -> None:
