@@ -444,22 +444,16 @@ def test_a_verdict_cached_under_an_older_rule_keeps_kernels_only_where_todays_ru
     assert verdict(cached(True, 1.05, None))[0] is True  # an older worker's: the graph's time alone
 
 
-@pytest.mark.parametrize("first, again, timed, kept", [
-    ((0.098, 0.1, 0.098, 0.1), (0.1, 0.1, 0.103, 0.1), 2, False),  # 1.02x on the GPU, then 0.97x: dropped
-    ((0.098, 0.1, 0.098, 0.1), (0.095, 0.1, 0.096, 0.1), 2, True),  # 1.02x, then 1.04x: kept
-    ((0.09, 0.1, 0.09, 0.1), None, 1, True),                        # 1.11x: sure, timed once
-    ((0.11, 0.1, 0.11, 0.1), None, 1, False),                       # slower: dropped at once
-])
-def test_a_graph_kept_by_a_gpu_gain_within_noise_is_timed_again(monkeypatch, tmp_path, first, again, timed, kept):
-    """One check's GPU ratio moves by a few percent between runs: a graph kept by less than
-    GPU_SURE_AT on the GPU is timed once more, and the less favourable timing decides. The
-    timings are replayed (GPU times, which this machine cannot make), the Dispatcher is real."""
+def _check_replayed(monkeypatch, tmp_path, *timings):
+    """A real Dispatcher's in-context check of a graph, its timings (ours, Inductor's, our GPU,
+    Inductor's GPU ms; None: no more) replayed: GPU times, which this machine cannot make.
+    Returns the graphs timed and the check's entry."""
     from agent_backend import dispatch
     from agent_backend.env.results import ContextTiming
     from agent_backend.in_context import ContextCheck
     from agent_backend.specs import Task, TensorSpec
 
-    replies = iter([ContextTiming("passed", "", *t[:2], "cuda:0", *t[2:]) for t in (first, again) if t])
+    replies = iter([ContextTiming("passed", "", *t[:2], "cuda:0", *t[2:]) for t in timings if t])
     asked = []
 
     class ReplayedTimings:
@@ -472,5 +466,36 @@ def test_a_graph_kept_by_a_gpu_gain_within_noise_is_timed_again(monkeypatch, tmp
     graph = Task("h", "", (spec,), (spec,), ("aten.mul.Tensor",), "graph")
     entry = Dispatcher(resolve({"mode": "search", "cache_dir": str(tmp_path)}))._check_in_context(
         ContextCheck(graph, graph, ()), None)
+    return asked, entry
+
+
+@pytest.mark.parametrize("first, again, timed, kept", [
+    ((0.098, 0.1, 0.098, 0.1), (0.1, 0.1, 0.103, 0.1), 2, False),  # 1.02x on the GPU, then 0.97x: dropped
+    ((0.098, 0.1, 0.098, 0.1), (0.095, 0.1, 0.096, 0.1), 2, True),  # 1.02x, then 1.04x: kept
+    ((0.09, 0.1, 0.09, 0.1), None, 1, True),                        # 1.11x: sure, timed once
+    ((0.11, 0.1, 0.11, 0.1), None, 1, False),                       # slower: dropped at once
+])
+def test_a_graph_kept_by_a_gpu_gain_within_noise_is_timed_again(monkeypatch, tmp_path, first, again, timed, kept):
+    """One check's GPU ratio moves by a few percent between runs: a graph kept by less than
+    GPU_SURE_AT on the GPU is timed once more, and the less favourable timing decides (timings
+    replayed: _check_replayed)."""
+    asked, entry = _check_replayed(monkeypatch, tmp_path, first, again)
     assert len(asked) == timed and entry.timings["kept"] is kept, entry.reason
     assert ("within one timing's noise" in entry.reason) is (timed == 2), entry.reason
+
+
+@pytest.mark.parametrize("first, again, timed, kept", [
+    ((0.105, 0.1, 0.05, 0.1), (0.098, 0.1, 0.05, 0.1), 2, True),   # host 0.95x, GPU 2x; then 1.02x: kept
+    ((0.105, 0.1, 0.05, 0.1), (0.104, 0.1, 0.05, 0.1), 2, False),  # host 0.95x, then 0.96x: a real loss
+    ((0.105, 0.1, 0.05, 0.1), (0.098, 0.1, 0.101, 0.1), 2, False),  # the keeping timing must gain on the GPU
+    ((0.12, 0.1, 0.05, 0.1), None, 1, False),                      # host 0.83x: beyond noise, dropped at once
+    ((0.105, 0.1, 0.099, 0.1), None, 1, False),                    # GPU 1.01x: no gain sure enough to retry
+])
+def test_a_graph_dropped_by_host_time_within_noise_but_well_faster_on_the_gpu_is_timed_again(
+        monkeypatch, tmp_path, first, again, timed, kept):
+    """The worker's host times swing far more than its GPU times: a graph dropped by host time
+    within HOST_NOISE_AT while its GPU time is at least GPU_SURE_AT faster is timed once more,
+    and the more favourable timing decides (timings replayed: _check_replayed)."""
+    asked, entry = _check_replayed(monkeypatch, tmp_path, first, again)
+    assert len(asked) == timed and entry.timings["kept"] is kept, entry.reason
+    assert ("dropped the kernels by host time" in entry.reason) is (timed == 2), entry.reason
