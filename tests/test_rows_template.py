@@ -384,15 +384,19 @@ def _plan_lines(plan) -> str:
 
 
 @pytest.mark.parametrize("name", ["softmax", "logsumexp", "cross_entropy"])
-def test_exps_take_the_fast_form_only_where_every_output_is_bf16(name):
+@pytest.mark.parametrize("online", [False, True])
+def test_exps_take_the_fast_form_where_every_output_is_bf16_or_they_are_only_summed(name, online):
     """A bf16 softmax computes in fp32 and rounds its outputs to bf16, which hides the few fp32 ulps
     of exp2.approx (Triton's own exp): the row's exps are then one multiply and one MUFU op, not
-    expf's range reduction. Where an output stays fp32 the accurate expf stays."""
+    expf's range reduction. Where an output stays fp32, an exp that is an output (softmax's) keeps
+    the accurate expf, and one only summed beside the row's max (softmax's too, in the online plan,
+    which takes it again for the output) takes the fast form, as Inductor's own fp32 kernels do."""
     def lines(dtype):
         task = _cross_entropy_tasks(dtype)[0] if name == "cross_entropy" else case_task(name, dtype)
-        return _plan_lines(build_plan(task))
+        return _plan_lines(build_plan(task, online))
     assert re.search(r"pw_exp_fast(_ftz)?\(", lines(bf16)) and "pw_exp(" not in lines(bf16)
-    assert "pw_exp(" in lines(f32) and "pw_exp_fast" not in lines(f32)
+    assert ("pw_exp_fast_ftz(" in lines(f32)) == (name != "softmax" or online)
+    assert "pw_exp_fast(" not in lines(f32) and ("pw_exp(" in lines(f32)) == (name == "softmax")
 
 
 def _masked_max_sum_exp(x):
@@ -409,12 +413,14 @@ def _masked_max_sum_exp(x):
     (lambda x: _masked_max_sum_exp(x.float()).to(x.dtype), False),
 ])
 def test_exps_summed_beside_the_max_flush_subnormals(fn, ftz):
-    """exp(x - max) read only by the row's sum takes ex2's .ftz form in bf16 programs: a term below
-    2^-126 is nothing beside the max's exp(0) = 1. Elsewhere a flushed term could be the whole sum."""
-    (task,) = traced_row_tasks(Fn(fn), [_randn((8, 100), bf16, "cpu")])
-    lines = _plan_lines(build_plan(_on_cuda(task)))
-    assert ("pw_exp_fast_ftz(" in lines) == ftz
-    assert ("pw_exp_fast(" in lines) != ftz
+    """exp(x - max) read only by the row's sum takes ex2's .ftz form in bf16 and fp32 programs: a
+    term below 2^-126 is nothing beside the max's exp(0) = 1. Elsewhere a flushed term could be the
+    whole sum: a bf16 program's exps take the fast form without .ftz, an fp32 one's expf."""
+    for dtype, other in ((bf16, "pw_exp_fast("), (f32, "pw_exp(")):
+        (task,) = traced_row_tasks(Fn(fn), [_randn((8, 100), dtype, "cpu")])
+        lines = _plan_lines(build_plan(_on_cuda(task)))
+        assert ("pw_exp_fast_ftz(" in lines) == ftz
+        assert (other in lines) != ftz
 
 
 BACKWARD = [(name, dt) for name in ("softmax", "log_softmax", "layernorm", "rmsnorm") for dt in (f32, bf16)]

@@ -60,6 +60,12 @@ IDENTITY = {"sum": "0.0", "online": "0.0", "max": "(-__uint_as_float(0x7f800000u
             "min": "__uint_as_float(0x7f800000u)"}
 # The exp that flushes subnormal results ("{}": its argument), for terms read only by a row's sum.
 FTZ_EXP = "pw_exp_fast_ftz({})"
+
+
+def _fast_sum_term(args: OpArgs) -> bool:
+    """Whether an exp(y - max(y)) summed over the row takes FTZ_EXP: in fp32, or rounded to
+    fp16/bf16 (never fp64)."""
+    return args.fast or args.dtype == torch.float32
 # Element ops worth keeping on chip rather than computing again in a later sweep: each costs a
 # special-function instruction (16 a clock an SM on Hopper, an eighth of the fp32 rate). On an
 # H200 (2026-11-26), softmax over 4096 x 8192 in bf16 ran 1.15x faster keeping its exp.
@@ -522,12 +528,13 @@ class _Program:
         return f"pw_one_plus_tanh_fast({cast(z.var, dtype_info(z.dtype).ctype, 'float')})"
 
     def _summed_exp(self, node: Node, args: OpArgs) -> str | None:
-        """exp(y - max(y)), where every result is rounded to fp16/bf16 and the exp is read only
-        by sums over the row, in the fast form that flushes subnormal results
-        (ops.pw_exp_fast_ftz): such a term is below 2^-126 beside the max's own exp(0) = 1. The
-        max may be logsumexp's, with its infinities as a constant (where(|m| == inf, 0, m): there
-        every term is 0, or the sum inf, either way)."""
-        if not args.fast or not all(REDUCTIONS.get(u.target) == "sum" for u in node.users):
+        """exp(y - max(y)) in fp32 (or rounded to fp16/bf16) read only by sums over the row, in
+        the fast form that flushes subnormal results (ops.pw_exp_fast_ftz): such a term is below
+        2^-126 beside the max's own exp(0) = 1, and the sum of terms each within a few fp32 ulps
+        is within a few ulps, as Inductor's own fp32 sums of exp are (Triton writes every fp32
+        exp as ex2.approx of x * log2(e)). The max may be logsumexp's, with its infinities as a
+        constant (where(|m| == inf, 0, m): there every term is 0, or the sum inf, either way)."""
+        if not _fast_sum_term(args) or not all(REDUCTIONS.get(u.target) == "sum" for u in node.users):
             return None
         return FTZ_EXP.format(args["self"]) if _exp_less_max(node) else None
 
@@ -536,8 +543,8 @@ class _Program:
         fp32: the sum joins the max's pass (an exp that is also an output is computed again from
         the row's max where it is needed). Its final value is what the graph computes where the
         max is not finite: NaN (inf - inf), or, where logsumexp's guard replaced the max by a
-        finite constant, 0 (every y is -inf) or inf. Its terms feed the sum alone: where every
-        result is fp16/bf16 they flush subnormals, as _summed_exp's do."""
+        finite constant, 0 (every y is -inf) or inf. Its terms feed the sum alone: they flush
+        subnormals, as _summed_exp's do."""
         exp = node.args[0]
         found = _exp_less_max(exp) if self.b.online and isinstance(exp, Node) else None
         if not found or REDUCTIONS[node.target] != "sum":
@@ -545,12 +552,9 @@ class _Program:
         y, amax, guarded = found
         if self.b.metas[exp].dtype != torch.float32 or self.values[y].dtype != torch.float32 or self.per_row[y]:
             return False
-        args = OpArgs({"self": Value("{}", torch.float32)}, torch.float32, round_operands=True,
-                      fast_fp32=self.low_precision_outputs)
-        term = FTZ_EXP if args.fast else OP_RULES[aten.exp.default].render(args)
         level, scale = self.ready[amax], self.accumulators[amax]
         n = len(self.values)
-        self._partial(level, y, Partial(f"acc{n}", "online", self.values[y].var, scale, term))
+        self._partial(level, y, Partial(f"acc{n}", "online", self.values[y].var, scale, FTZ_EXP))
         final = "rows_online_sum_guarded" if guarded else "rows_online_sum"
         self.finals.setdefault(level, []).append(f"const float v{n} = {final}(acc{n}, {scale});")
         self.values[node] = Value(f"v{n}", torch.float32)
