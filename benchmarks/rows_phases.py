@@ -16,9 +16,21 @@ benchmarks/results/phase_probe-h200-torch2.11-2026-11-26-twentythird.txt.
   a counter that every launch adds as many arrivals to, so it needs no zeroing);
   -gridsync: grid.sync() for the barrier; -online: each vector's max and terms as it arrives (as
   the generated kernel does), not the max of the whole slice first.
+- tma-*: the row over a cluster of 8 blocks, one block an SM, each block's slice into shared
+  memory by bulk copies (cp.async.bulk, mbarriers): tma-copy stores each chunk as it lands;
+  tma-softmax takes each thread's vectors into registers as they land (online max and sum), the
+  row's pair over the cluster through distributed shared memory, and stores by bulk copies
+  (-st: each thread its own stores; -nch8: 8 chunks a block; -t256: 256 threads).
+- gen-G<g>: the generated kernel's own code (its preamble, its stats, grid.sync) over g groups of
+  rows: every group's slice loaded first, then each group's stats, grid.sync and stores in turn.
+  The twenty-fourth session's runs (neither beat the generated kernel):
+  benchmarks/results/phase_probe-h200-torch2.11-2026-11-26-twentyfourth.txt.
+
+    python benchmarks/rows_phases.py bench bf16 fp32 --only copy,tma,gen
 """
 from __future__ import annotations
 
+import argparse
 import sys
 from pathlib import Path
 
@@ -34,7 +46,7 @@ from benchmarks.rows_plans import bench_beside_inductor_and_copy, plan_contender
 from benchmarks.suite.problem import build  # noqa: E402
 from benchmarks.suite.registry import select  # noqa: E402
 from skills.rows.candidates import tag  # noqa: E402
-from skills.rows.codegen import Launch  # noqa: E402
+from skills.rows.codegen import Launch, kernel_source as generated_source  # noqa: E402
 from skills.rows.plan import build_plan  # noqa: E402
 
 ROWS, ROW_LENGTH = 16, 393216
@@ -193,6 +205,323 @@ pipe(const E* __restrict__ in, int* cnt, E* __restrict__ out, float2* ws) {
 }
 '''
 
+TMA_KERNELS = r"""
+#include <cooperative_groups.h>
+namespace cg = cooperative_groups;
+struct bf16 { unsigned short bits; };
+template <typename T, int N> struct alignas(sizeof(T) * N) Vec { T v[N]; };
+__device__ __forceinline__ float tof(float x) { return x; }
+__device__ __forceinline__ float tof(bf16 h) { return __uint_as_float(((unsigned)h.bits) << 16); }
+__device__ __forceinline__ void fromf(float f, float& o) { o = f; }
+__device__ __forceinline__ void fromf(float f, bf16& o) { asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(o.bits) : "f"(f)); }
+__device__ __forceinline__ float ex2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+#define L2E 1.44269504088896341f
+#define NEG_INF __int_as_float(0xff800000)
+typedef Vec<E, VW> V;
+#define SLICE (ROWLEN / C)            // elements a block
+#define CHUNK (SLICE / NCH)           // elements a bulk copy
+#define NVC (CHUNK / VW / THREADS)    // vectors a thread a chunk
+static_assert(NVC * VW * THREADS * NCH * C == ROWLEN, "the row splits evenly");
+
+__device__ __forceinline__ unsigned saddr(const void* p) { return (unsigned)__cvta_generic_to_shared(p); }
+__device__ __forceinline__ void wait_phase0(unsigned long long* bar) {
+  unsigned done;
+  do {
+    asm volatile("{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], 0; selp.u32 %0, 1, 0, p; }"
+                 : "=r"(done) : "r"(saddr(bar)) : "memory");
+  } while (!done);
+}
+// thread 0: every chunk of this block's slice on its way into shared memory, a barrier each
+__device__ __forceinline__ void load_all(const E* src, E* sm, unsigned long long* bar) {
+  if (threadIdx.x == 0) {
+    for (int c = 0; c < NCH; ++c)
+      asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" :: "r"(saddr(bar + c)));
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    for (int c = 0; c < NCH; ++c) {
+      asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;"
+                   :: "r"(saddr(bar + c)), "r"((unsigned)(CHUNK * sizeof(E))) : "memory");
+      asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
+                   :: "r"(saddr(sm + c * CHUNK)), "l"(src + c * CHUNK), "r"((unsigned)(CHUNK * sizeof(E))),
+                      "r"(saddr(bar + c)) : "memory");
+    }
+  }
+  __syncthreads();  // the barriers are initialised before anyone waits on them
+}
+// chunk c of shared memory out to global memory, once every thread's writes to it are done
+__device__ __forceinline__ void store_chunk(E* dst, E* sm, int c) {
+  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;"
+                 :: "l"(dst + c * CHUNK), "r"(saddr(sm + c * CHUNK)), "r"((unsigned)(CHUNK * sizeof(E))) : "memory");
+    asm volatile("cp.async.bulk.commit_group;" ::: "memory");
+  }
+}
+__device__ __forceinline__ void stores_read() {
+  if (threadIdx.x == 0) asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");
+}
+__device__ __forceinline__ float2 merge(float2 a, float2 b) {
+  const float m = fmaxf(a.x, b.x);
+  if (m == NEG_INF) return a;
+  return make_float2(m, a.y * ex2((a.x - m) * L2E) + b.y * ex2((b.x - m) * L2E));
+}
+
+// each chunk stored as soon as it arrives: a copy through shared memory by the copy engine
+extern "C" __global__ void __launch_bounds__(THREADS, 1)
+tma_copy(const E* __restrict__ in, int* cnt, E* __restrict__ out, float2* ws) {
+  extern __shared__ __align__(128) unsigned char smem[];
+  __shared__ __align__(8) unsigned long long bar[NCH];
+  E* sm = reinterpret_cast<E*>(smem);
+  const long base = (long)blockIdx.x * SLICE;
+  load_all(in + base, sm, bar);
+  for (int c = 0; c < NCH; ++c) {
+    wait_phase0(bar + c);
+    store_chunk(out + base, sm, c);
+  }
+  stores_read();
+}
+
+// softmax: the slice into shared memory by bulk copies, each thread's vectors into registers as
+// they arrive (online max and sum), the row's pair over the cluster through distributed shared
+// memory, the results written back in place and stored by bulk copies a chunk at a time
+// (BULK_STORE 0: each thread stores its own vectors)
+extern "C" __global__ void __launch_bounds__(THREADS, 1)
+tma_softmax(const E* __restrict__ in, int* cnt, E* __restrict__ out, float2* ws) {
+  extern __shared__ __align__(128) unsigned char smem[];
+  __shared__ __align__(8) unsigned long long bar[NCH];
+  __shared__ float2 red[THREADS / 32];
+  __shared__ float2 mine, fin;
+  E* sm = reinterpret_cast<E*>(smem);
+  const int t = threadIdx.x;
+  const long base = (long)blockIdx.x * SLICE;
+  load_all(in + base, sm, bar);
+  V b[NCH * NVC];
+  float m = NEG_INF, s = 0.f;
+  #pragma unroll
+  for (int c = 0; c < NCH; ++c) {
+    wait_phase0(bar + c);
+    #pragma unroll
+    for (int e = 0; e < NVC; ++e) {
+      V x = reinterpret_cast<const V*>(sm + c * CHUNK)[e * THREADS + t];
+      b[c * NVC + e] = x;
+      float vm = m;
+      #pragma unroll
+      for (int v = 0; v < VW; ++v) vm = fmaxf(vm, tof(x.v[v]));
+      if (vm != m) s *= ex2((m - vm) * L2E);
+      m = vm;
+      #pragma unroll
+      for (int v = 0; v < VW; ++v) s += ex2((tof(x.v[v]) - m) * L2E);
+    }
+  }
+  float2 p = make_float2(m, s);
+  #pragma unroll
+  for (int k = 16; k > 0; k >>= 1)
+    p = merge(p, make_float2(__shfl_xor_sync(~0u, p.x, k), __shfl_xor_sync(~0u, p.y, k)));
+  if (t % 32 == 0) red[t / 32] = p;
+  __syncthreads();
+  if (t == 0) {
+    for (int w = 1; w < THREADS / 32; ++w) p = merge(p, red[w]);
+    mine = p;
+  }
+  cg::cluster_group cluster = cg::this_cluster();
+  cluster.sync();  // every block's pair is written
+  if (t < 32) {
+    p = t < C ? *cluster.map_shared_rank(&mine, t) : make_float2(NEG_INF, 0.f);
+    #pragma unroll
+    for (int k = 16; k > 0; k >>= 1)
+      p = merge(p, make_float2(__shfl_xor_sync(~0u, p.x, k), __shfl_xor_sync(~0u, p.y, k)));
+    if (t == 0) fin = p;
+  }
+  asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory");  // done reading the others
+  __syncthreads();
+  const float mx = fin.x, rs = 1.0f / fin.y;
+  #pragma unroll
+  for (int c = 0; c < NCH; ++c) {
+    #pragma unroll
+    for (int e = 0; e < NVC; ++e) {
+      V y;
+      #pragma unroll
+      for (int v = 0; v < VW; ++v) fromf(ex2((tof(b[c * NVC + e].v[v]) - mx) * L2E) * rs, y.v[v]);
+#if BULK_STORE
+      reinterpret_cast<V*>(sm + c * CHUNK)[e * THREADS + t] = y;
+#else
+      reinterpret_cast<V*>(out + base + c * CHUNK)[e * THREADS + t] = y;
+#endif
+    }
+#if BULK_STORE
+    store_chunk(out + base, sm, c);
+#endif
+  }
+  stores_read();
+  asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory");  // no block leaves while read
+}
+"""
+# TMA variants: threads a block, blocks a row (one cluster), bulk copies a block
+TMA_SHAPES = {"bf16": (512, 8, 4), "fp32": (512, 8, 4)}
+TMA_VARIANTS = {  # label: kernel, defines
+    "tma-copy": ("tma_copy", {}), "tma-softmax": ("tma_softmax", {"BULK_STORE": 1}),
+    "tma-softmax-st": ("tma_softmax", {"BULK_STORE": 0}),
+    "tma-softmax-nch8": ("tma_softmax", {"BULK_STORE": 1, "NCH": 8, "THREADS": 256}),
+    "tma-softmax-t256": ("tma_softmax", {"BULK_STORE": 1, "THREADS": 256}),
+}
+ONE_BLOCK_AN_SM = 120 * 1024  # dynamic shared memory no two blocks of one SM can both have
+
+
+def tma_source(dtype: str, **extra) -> str:
+    threads, cluster, chunks = TMA_SHAPES[dtype]
+    values = {"E": "bf16" if dtype == "bf16" else "float", "VW": 8 if dtype == "bf16" else 4,
+              "THREADS": threads, "C": cluster, "NCH": chunks, "ROWLEN": ROW_LENGTH, "BULK_STORE": 1, **extra}
+    return "".join(f"#define {k} {v}\n" for k, v in values.items()) + TMA_KERNELS
+
+
+def tma_model(dtype: str, kernel: str, extra: dict):
+    """A TMA variant as a launch-op model of (x, counters) -> y: a cluster of blocks a row, one
+    block an SM, the block's slice of the row in dynamic shared memory."""
+    x = TensorSpec((ROWS, ROW_LENGTH), (ROW_LENGTH, 1), "bfloat16" if dtype == "bf16" else "float32", "cuda")
+    counters = TensorSpec((ROWS,), (1,), "int32", "cuda")
+    threads, cluster, _ = TMA_SHAPES[dtype]
+    slice_bytes = ROW_LENGTH // cluster * (2 if dtype == "bf16" else 4)
+    args = (Arg.input(0), Arg.input(1), Arg.output(0), Arg.workspace(8))
+    launch = KernelLaunch.compile(tma_source(dtype, **extra), kernel, grid=ROWS * cluster,
+                                  block=extra.get("THREADS", threads), args=args, cluster=cluster,
+                                  shared_mem=max(slice_bytes, ONE_BLOCK_AN_SM))
+    return launch_spec_model(LaunchSpec(inputs=(x, counters), outputs=(x,), kernels=(launch,)))()
+
+# The generated kernel's own code (its preamble, online stats in double, grid.sync), its rows in G
+# groups: each block holds a slice of one row of every group, all loaded first; then for each
+# group in turn its stats, a grid.sync, its stores (which overlap the next group's stats).
+GEN_GROUPS_KERNEL = r"""
+__device__ __forceinline__ float ld_f(float x) { return x; }
+__device__ __forceinline__ float ld_f(bf16 h) { return bf16_to_float(h); }
+__device__ __forceinline__ void st_f(float f, float& o) { o = f; }
+__device__ __forceinline__ void st_f(float f, bf16& o) { o = float_to_bf16(f); }
+#define NBLK (ROWS * SPLIT)
+#define NH (ROWLEN / SPLIT / THREADS / VW / G)  // vectors a thread a group
+#define RPG (ROWS / G)
+#define BPR (SPLIT * G)
+#define NW (THREADS / 32)
+extern "C" __global__ void __launch_bounds__(THREADS, MINB)
+gen_groups(const E* __restrict__ in0, int* cnt, E* __restrict__ out0, unsigned char* ws) {
+  cg::grid_group grid = cg::this_grid();
+  const int t = threadIdx.x;
+  const int piece = blockIdx.x % BPR;
+  float* ws0 = reinterpret_cast<float*>(ws);
+  double* ws1 = reinterpret_cast<double*>(ws + 4 * NBLK * G);
+  __shared__ float red0[G][NW];
+  __shared__ double red1[G][NW];
+  Vec<E, VW> buf[G][NH];
+  #pragma unroll
+  for (int g = 0; g < G; ++g) {
+    const idx_t base = (idx_t)(g * RPG + blockIdx.x / BPR) * ROWLEN + (idx_t)piece * (NH * THREADS * VW);
+    #pragma unroll
+    for (int e = 0; e < NH; ++e) buf[g][e] = *reinterpret_cast<const Vec<E, VW>*>(in0 + base + (e * THREADS + t) * VW);
+  }
+  #pragma unroll
+  for (int g = 0; g < G; ++g) {
+    float acc2 = (-__uint_as_float(0x7f800000u));
+    double acc5 = 0.0;
+    #pragma unroll
+    for (int e = 0; e < NH; ++e) {
+      const float from = acc2;
+      float y[VW];
+      #pragma unroll
+      for (int v = 0; v < VW; ++v) { y[v] = ld_f(buf[g][e].v[v]); acc2 = pw_maximum(acc2, y[v]); }
+      if (acc2 != from) acc5 *= (double)pw_exp_fast_ftz(from - acc2);
+      const float b = fmaxf(acc2, -3.40282347e+38f);
+      float terms = 0.0f;
+      #pragma unroll
+      for (int v = 0; v < VW; ++v) terms += pw_exp_fast_ftz(y[v] - b);
+      acc5 += (double)terms;
+    }
+    #pragma unroll
+    for (int m = 16; m > 0; m >>= 1) {
+      const float om = __shfl_xor_sync(0xffffffffu, acc2, m);
+      const double os = __shfl_xor_sync(0xffffffffu, acc5, m);
+      const float to = pw_maximum(acc2, om);
+      acc5 = rows_online_rescale(acc5, acc2, to) + rows_online_rescale(os, om, to);
+      acc2 = to;
+    }
+    if (t % 32 == 0) { red0[g][t / 32] = acc2; red1[g][t / 32] = acc5; }
+    __syncthreads();
+    acc2 = red0[g][0];
+    for (int w = 1; w < NW; ++w) acc2 = pw_maximum(acc2, red0[g][w]);
+    acc5 = rows_online_rescale(red1[g][0], red0[g][0], acc2);
+    for (int w = 1; w < NW; ++w) acc5 += rows_online_rescale(red1[g][w], red0[g][w], acc2);
+    if (t == 0) { ws0[g * NBLK + blockIdx.x] = acc2; ws1[g * NBLK + blockIdx.x] = acc5; }
+    grid.sync();
+    const int first = g * NBLK + (blockIdx.x / BPR) * BPR;
+    acc2 = (-__uint_as_float(0x7f800000u));
+    for (int k = t; k < BPR; k += THREADS) acc2 = pw_maximum(acc2, __ldcg(&ws0[first + k]));
+    acc5 = 0.0;
+    for (int k = t; k < BPR; k += THREADS)
+      acc5 += rows_online_rescale(__ldcg(&ws1[first + k]), __ldcg(&ws0[first + k]), acc2);
+    #pragma unroll
+    for (int m = 16; m > 0; m >>= 1) {
+      const float om = __shfl_xor_sync(0xffffffffu, acc2, m);
+      const double os = __shfl_xor_sync(0xffffffffu, acc5, m);
+      const float to = pw_maximum(acc2, om);
+      acc5 = rows_online_rescale(acc5, acc2, to) + rows_online_rescale(os, om, to);
+      acc2 = to;
+    }
+    if (t % 32 == 0) { red0[g][t / 32] = acc2; red1[g][t / 32] = acc5; }  // read before the grid.sync
+    __syncthreads();
+    acc2 = red0[g][0];
+    for (int w = 1; w < NW; ++w) acc2 = pw_maximum(acc2, red0[g][w]);
+    acc5 = rows_online_rescale(red1[g][0], red0[g][0], acc2);
+    for (int w = 1; w < NW; ++w) acc5 += rows_online_rescale(red1[g][w], red0[g][w], acc2);
+    const float mx = acc2;
+    const float rcp0 = pw_div_fast(1.0f, rows_online_sum(acc5, acc2));
+    const idx_t base = (idx_t)(g * RPG + blockIdx.x / BPR) * ROWLEN + (idx_t)piece * (NH * THREADS * VW);
+    #pragma unroll
+    for (int e = 0; e < NH; ++e) {
+      Vec<E, VW> o;
+      #pragma unroll
+      for (int v = 0; v < VW; ++v) st_f(pw_exp_fast(ld_f(buf[g][e].v[v]) - mx) * rcp0, o.v[v]);
+      *reinterpret_cast<Vec<E, VW>*>(out0 + base + (e * THREADS + t) * VW) = o;
+    }
+  }
+}
+"""
+GEN_GROUPS = (1, 2, 4)  # gen-G<g>
+
+
+def generated_plan(dtype: str) -> tuple[object, Launch]:
+    """The softmax_long_rows task's online plan and the generated kernel's launch (SHAPES)."""
+    (problem,) = select(only=["softmax_long_rows"])
+    model, inputs = build(problem, dtype, "cpu", small=False)
+    (task,) = [t.on_device("cuda") for t in tasks_of(trace_tasks(model, inputs, backward=False, min_ops=1))]
+    threads, split, width, _ = SHAPES[dtype]
+    return build_plan(task, True), Launch(threads, 1, width, split=split)
+
+
+def generated_preamble(plan, launch: Launch) -> str:
+    """The generated kernel's source up to the kernel itself: its types and helpers."""
+    return generated_source(plan, "k", launch).split('extern "C"')[0]
+
+
+def gen_groups_source(dtype: str, groups: int, preamble: str) -> str:
+    """gen_groups over `groups` groups of rows, after `preamble`: the generated source's helpers."""
+    threads, split, width, per_sm = SHAPES[dtype]
+    values = {"E": "bf16" if dtype == "bf16" else "float", "VW": width, "THREADS": threads, "SPLIT": split,
+              "MINB": per_sm, "ROWS": ROWS, "ROWLEN": ROW_LENGTH, "G": groups}
+    return preamble + "".join(f"#define {k} {v}\n" for k, v in values.items()) + GEN_GROUPS_KERNEL
+
+
+def gen_groups_model(dtype: str, groups: int, preamble: str):
+    """gen_groups_source on the generated kernel's grid (SHAPES), as a launch-op model of
+    (x, counters) -> y."""
+    x = TensorSpec((ROWS, ROW_LENGTH), (ROW_LENGTH, 1), "bfloat16" if dtype == "bf16" else "float32", "cuda")
+    counters = TensorSpec((ROWS,), (1,), "int32", "cuda")
+    threads, split, _, _ = SHAPES[dtype]
+    args = (Arg.input(0), Arg.input(1), Arg.output(0), Arg.workspace(12 * ROWS * split * groups))
+    launch = KernelLaunch.compile(gen_groups_source(dtype, groups, preamble), "gen_groups", grid=ROWS * split,
+                                  block=threads, args=args, cooperative=True)
+    return launch_spec_model(LaunchSpec(inputs=(x, counters), outputs=(x,), kernels=(launch,)))()
+
 
 def defines(dtype: str, **extra) -> dict:
     threads, split, width, per_sm = SHAPES[dtype]
@@ -216,26 +545,29 @@ def variant_model(dtype: str, kernel: str, extra: dict, cooperative: bool):
     return launch_spec_model(LaunchSpec(inputs=(x, counters), outputs=(x,), kernels=(launch,)))()
 
 
-def main(mode: str, dtype: str) -> None:
-    (problem,) = select(only=["softmax_long_rows"])
-    model, inputs = build(problem, dtype, "cpu", small=False)
-    (task,) = [t.on_device("cuda") for t in tasks_of(trace_tasks(model, inputs, backward=False, min_ops=1))]
+def main(mode: str, dtype: str, only: tuple[str, ...] = ()) -> None:
     x = (torch.randn(ROWS, ROW_LENGTH, device="cuda") * 2).to(torch.bfloat16 if dtype == "bf16" else torch.float32)
     expected = torch.softmax(x.float(), -1).to(x.dtype)
-    plan = build_plan(task, True)
-    threads, split, width, _ = SHAPES[dtype]
-    generated = Launch(threads, 1, width, split=split)
+    plan, generated = generated_plan(dtype)
     fns = plan_contenders([("generated:" + tag(plan, generated), plan, generated)], [x], (expected,), atol=1e-5)
-    for label, (kernel, extra, cooperative) in VARIANTS.items():
+    preamble = generated_preamble(plan, generated)
+    variants = {**{k: (kern, lambda kern=kern, e=extra, c=coop: variant_model(dtype, kern, e, c))
+                   for k, (kern, extra, coop) in VARIANTS.items()},
+                **{k: (kern, lambda kern=kern, e=extra: tma_model(dtype, kern, e))
+                   for k, (kern, extra) in TMA_VARIANTS.items()},
+                **{f"gen-G{g}": ("gen_groups", lambda g=g: gen_groups_model(dtype, g, preamble)) for g in GEN_GROUPS}}
+    for label, (kernel, make) in variants.items():
+        if only and not label.startswith(only):
+            continue
         counters = torch.zeros(ROWS, dtype=torch.int32, device="cuda")  # each variant its own arrivals
         try:
-            model = variant_model(dtype, kernel, extra, cooperative)
+            model = make()
             for _ in range(3):  # the counters' rounds too
                 out = model(x, counters)
                 torch.cuda.synchronize()
-                if kernel == "pipe":
+                if kernel in ("pipe", "tma_softmax", "gen_groups"):
                     assert torch.allclose(out.float(), expected.float(), rtol=2e-2, atol=1e-6), "differs from softmax"
-                elif kernel == "copy":
+                elif kernel in ("copy", "tma_copy"):
                     assert torch.equal(out, x), "not a copy"
         except Exception as e:  # noqa: BLE001 - a variant may fail: say so, time the rest
             print(label, "failed:", str(e).splitlines()[0][:200], flush=True)
@@ -252,5 +584,10 @@ def main(mode: str, dtype: str) -> None:
 
 
 if __name__ == "__main__":
-    for d in sys.argv[2:]:
-        main(sys.argv[1], d)
+    arguments = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    arguments.add_argument("mode", choices=("bench", "ncu"))
+    arguments.add_argument("dtypes", nargs="+", choices=("bf16", "fp32"))
+    arguments.add_argument("--only", default="", help="comma-separated label prefixes of the variants to run")
+    options = arguments.parse_args()
+    for d in options.dtypes:
+        main(options.mode, d, tuple(p for p in options.only.split(",") if p))

@@ -1,12 +1,13 @@
-"""benchmarks/rows_phases.py on the CPU: its hand-written kernels build for sm_90 under the
-launch bounds of the generated kernel's grid, without spilling, for both dtypes."""
+"""benchmarks/rows_phases.py on the CPU: its hand-written kernels build for sm_90 under their
+launch bounds, without spilling, for both dtypes."""
 from __future__ import annotations
 
 import subprocess
 
 import pytest
 
-from benchmarks.rows_phases import kernel_source
+from benchmarks.rows_phases import (GEN_GROUPS, TMA_VARIANTS, gen_groups_source, generated_plan,
+                                     generated_preamble, kernel_source, tma_source)
 from test_rows_template import _nvcc
 
 
@@ -14,9 +15,24 @@ from test_rows_template import _nvcc
 @pytest.mark.parametrize("dtype", ["bf16", "fp32"])
 @pytest.mark.parametrize("online", [0, 1])
 def test_the_probe_kernels_compile_without_spilling(tmp_path, dtype, online):
-    path = tmp_path / f"phases_{dtype}.cu"
-    path.write_text(kernel_source(dtype, G=2, ONLINE=online))
+    _compiles_without_spilling(tmp_path / f"phases_{dtype}.cu", kernel_source(dtype, G=2, ONLINE=online))
+
+
+@pytest.mark.skipif(_nvcc() is None, reason="needs nvcc")
+@pytest.mark.parametrize("dtype", ["bf16", "fp32"])
+def test_the_bulk_copy_and_row_group_kernels_compile_without_spilling(tmp_path, dtype):
+    """The TMA variants (bulk copies, mbarriers, a cluster's distributed shared memory) and the
+    generated kernel's code over groups of rows, after its own preamble."""
+    for label, (_, extra) in TMA_VARIANTS.items():
+        _compiles_without_spilling(tmp_path / f"{label}_{dtype}.cu", tma_source(dtype, **extra))
+    preamble = generated_preamble(*generated_plan(dtype))
+    for groups in GEN_GROUPS:
+        _compiles_without_spilling(tmp_path / f"gen{groups}_{dtype}.cu", gen_groups_source(dtype, groups, preamble))
+
+
+def _compiles_without_spilling(path, source: str) -> None:
+    path.write_text(source)
     command = [_nvcc(), "-cubin", "-arch=sm_90", "-Xptxas=--warn-on-spills", "-o", str(path.with_suffix(".cubin")),
                str(path)]
     result = subprocess.run(command, capture_output=True, text=True)
-    assert result.returncode == 0 and not result.stderr.strip(), result.stderr
+    assert result.returncode == 0 and not result.stderr.strip(), (path.name, result.stderr)
