@@ -6,8 +6,9 @@ attention written by hand (batched matmul, scale, mask, softmax, batched matmul)
 attention call with the views before it, and a matmul whose output is summed or averaged. Then
 an anchor (matmul, conv, reduction, a scan: cumsum) takes its pointwise prologue and epilogue (a
 reduction also the views its epilogue goes on through), reductions over the same rows fuse with
-the pointwise work between them (softmax, norms), and chains of the pointwise nodes left over
-form groups. Every group is checked to be convex (no path leaves it and comes back), so
+the pointwise work between them (softmax, norms), a reduction group holding a gather takes the
+integer ops that make its index and masks (cross-entropy's target != -100), and chains of the
+pointwise nodes left over form groups. Every group is checked to be convex (no path leaves it and comes back), so
 replacing it with one call can never make a cycle. Constants (nodes computed from no input, such
 as the causal masks transformers builds from iota) belong to no group; a task computes those its
 rules read (task.written_in), and takes the others as inputs.
@@ -47,6 +48,12 @@ FUSED_ATTENTION_OPS = {
     aten._scaled_dot_product_efficient_attention.default, aten._scaled_dot_product_flash_attention_for_cpu.default,
 }
 ANCHOR_KINDS = ("matmul", "conv", "reduction", "softmax", "norm", "scan")
+# Integer ops a task may hold where they prepare a gather's index (cross-entropy's target: a row
+# whose target is the ignore_index is masked, and where(target != -100, target, 0) picks its
+# element): a compare of an integer tensor with an integer scalar (a bool result), and where and
+# views whose integer results go on only to gathers' indices (index_only).
+INDEX_COMPARE_OPS = {aten.ne.Scalar, aten.eq.Scalar}
+INDEX_PASS_OPS = {aten.where.self, aten.unsqueeze.default, aten.squeeze.dim, aten.view.default, aten.reshape.default}
 # Reductions a matmul's output may flow into, for a rewrite to fold into a matrix-vector product.
 RESHAPE_OPS = {aten.view.default, aten.reshape.default, aten._unsafe_view.default}
 LINEAR_REDUCTION_OPS = {aten.sum.dim_IntList, aten.sum.default, aten.mean.dim, aten.mean.default}
@@ -163,6 +170,52 @@ def _fused_attention(node: fx.Node) -> Claim:
     return Claim("fused_attention")
 
 
+def _is_integer(val) -> bool:
+    return isinstance(val, torch.Tensor) and not (val.dtype.is_floating_point or val.dtype.is_complex
+                                                  or val.dtype == torch.bool)
+
+
+def index_only(node: fx.Node, depth: int = 0) -> bool:
+    """Every use of `node`'s integer value prepares a gather's index or is one: the gather's index
+    argument, a compare with an integer scalar (INDEX_COMPARE_OPS: its result is a bool mask), or
+    a where or view (INDEX_PASS_OPS) whose integer result is used so in turn (a few steps)."""
+    if not node.users or depth > 4:
+        return False
+    for u in node.users:
+        if u.target is aten.gather.default and u.args[2] is node and u.args[0] is not node:
+            continue
+        if u.target in INDEX_COMPARE_OPS and u.args[0] is node and _is_integer_scalar(u.args[1]):
+            continue
+        if u.target in INDEX_PASS_OPS and _is_integer(u.meta.get("val")) and index_only(u, depth + 1):
+            if u.target is not aten.where.self or u.args[0] is not node:  # never the condition
+                continue
+        return False
+    return True
+
+
+def _is_integer_scalar(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _index_op(node: fx.Node) -> Claim | None:
+    """Claim("index") for an op on integer tensors that prepares a gather's index (INDEX_COMPARE_OPS,
+    INDEX_PASS_OPS; static shapes), else None. Only a group holding a gather takes one in."""
+    vals = [a.meta.get("val") for a in node.all_input_nodes] + [node.meta.get("val")]
+    if not any(_is_integer(v) for v in vals) or not all(isinstance(v, torch.Tensor) for v in vals):
+        return None
+    if any(not isinstance(s, int) for v in vals for s in v.shape):
+        return None
+    if node.target in INDEX_COMPARE_OPS:
+        source = node.args[0]
+        ok = isinstance(source, fx.Node) and _is_integer(source.meta.get("val")) and _is_integer_scalar(node.args[1])
+        return Claim("index") if ok else None
+    if node.target in INDEX_PASS_OPS and _is_integer(vals[-1]) and index_only(node):
+        if node.target is aten.where.self and vals[0].dtype != torch.bool:
+            return None
+        return Claim("index")
+    return None
+
+
 def _gather(node: fx.Node) -> Claim:
     """A gather of float values by an integer index from outside: the epilogue of a reduction over
     the gathered dim may take it (cross-entropy picks each row's target from its log-softmax)."""
@@ -207,6 +260,9 @@ def classify(node: fx.Node) -> Claim:
     outs = _tensor_vals(node.meta.get("val"))
     if outs is None:
         return Claim(None, f"{name} has no tensor output metadata")
+    index = _index_op(node)
+    if index is not None:
+        return index
     for t in outs + [v for a in _arg_nodes(node) for v in (_tensor_vals(a.meta.get("val")) or [])]:
         if dtype_name(t.dtype) not in TASK_DTYPES:
             return Claim(None, f"{name} touches a {dtype_name(t.dtype)} tensor")
@@ -464,6 +520,14 @@ class _Partitioner:
                 return self.pointwise_epilogue(u) and not _widens_into_a_reduction(u)
             return self.pointwise_epilogue(u) or (rows is not None and same_rows(u))
         self.grow(members, epilogue)
+        if any(self.kind(m) == "gather" for m in members):  # the index's making and the masks on it
+            index_work = lambda p: self.kind(p) in ("pointwise", "view", "constant", "index")  # noqa: E731
+            self.grow(members, lambda u: False, prologue=index_work)
+            # a compare used outside too (a loss's mean counts the rows it keeps): made here and written out,
+            # so no kernel before the group makes it
+            for p in {p for m in members for p in m.all_input_nodes if p.target in INDEX_COMPARE_OPS}:
+                if self.kind(p) == "index":
+                    self.try_add(members, p)
         self.add_group(kind, members)
 
     def view_to_pointwise(self, node: fx.Node) -> bool:

@@ -39,6 +39,9 @@ class TensorSpec:
     # Integer inputs that index a dim (a gather's index): random draws lie in [0, high). Without
     # it an integer input is drawn as zeros, in bounds of anything it could index.
     high: int | None = None
+    # Integer values the task compares the input with (cross-entropy's ignore_index): a quarter of
+    # the draws take one of them, so a kernel that skips the compare is caught.
+    special: tuple[int, ...] = ()
 
     @classmethod
     def of(cls, t: torch.Tensor) -> "TensorSpec":
@@ -59,11 +62,13 @@ class TensorSpec:
 
     def to_json(self) -> dict:
         d = {"shape": list(self.shape), "stride": list(self.stride), "dtype": self.dtype, "device": self.device}
-        return d if self.high is None else {**d, "high": self.high}
+        d = d if self.high is None else {**d, "high": self.high}
+        return d if not self.special else {**d, "special": list(self.special)}
 
     @classmethod
     def from_json(cls, d: dict) -> "TensorSpec":
-        return cls(tuple(d["shape"]), tuple(d["stride"]), d["dtype"], d["device"], d.get("high"))
+        return cls(tuple(d["shape"]), tuple(d["stride"]), d["dtype"], d["device"], d.get("high"),
+                   tuple(d.get("special", ())))
 
 
 def random_tensor(spec: TensorSpec, generator: torch.Generator, *, scale: float = 1.0,
@@ -85,6 +90,10 @@ def random_tensor(spec: TensorSpec, generator: torch.Generator, *, scale: float 
         draw_dtype = torch.float64 if spec.torch_dtype == torch.float64 else torch.float32
         flat = (torch.randn(n, generator=generator, dtype=draw_dtype, device=device) * scale + offset).to(
             spec.torch_dtype)
+    if spec.special:
+        values = torch.tensor(spec.special, dtype=spec.torch_dtype, device=device)
+        picked = values[torch.randint(0, len(spec.special), (n,), generator=generator, device=device)]
+        flat = torch.where(torch.randint(0, 4, (n,), generator=generator, device=device) == 0, picked, flat)
     return flat.as_strided(spec.shape, spec.stride)
 
 

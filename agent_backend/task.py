@@ -16,7 +16,7 @@ import operator
 import torch
 import torch.fx as fx
 
-from .partition import Group, classify, constant_nodes, is_constant
+from .partition import INDEX_COMPARE_OPS, INDEX_PASS_OPS, Group, classify, constant_nodes, is_constant
 from .specs import Task, TensorSpec
 
 aten = torch.ops.aten
@@ -37,7 +37,7 @@ _INPUT_SPECS = {specs}
 _DEVICE = {device!r}
 
 
-def _random_tensor(shape, stride, dtype, high):
+def _random_tensor(shape, stride, dtype, high, special):
     n = 1 + sum((size - 1) * st for size, st in zip(shape, stride)) if all(shape) else 0
     if high is not None:  # indices into a dim of size high
         flat = torch.randint(0, high, (n,), device=_DEVICE, dtype=dtype)
@@ -47,6 +47,9 @@ def _random_tensor(shape, stride, dtype, high):
         flat = torch.zeros(n, device=_DEVICE, dtype=dtype)
     else:
         flat = torch.randn(n, device=_DEVICE, dtype=dtype)
+    if special:  # values the program compares it with (an ignore_index): a quarter of the elements
+        picked = torch.tensor(special, device=_DEVICE, dtype=dtype)[torch.randint(len(special), (n,), device=_DEVICE)]
+        flat = torch.where(torch.randint(0, 4, (n,), device=_DEVICE) == 0, picked, flat)
     return flat.as_strided(shape, stride)
 
 
@@ -119,31 +122,41 @@ def _constants(group: Group) -> list[fx.Node]:
     return [n for n in group.nodes[0].graph.nodes if n in found]
 
 
-def _spec(node: fx.Node, high: int | None = None) -> TensorSpec:
+def _spec(node: fx.Node, draws: tuple[int | None, tuple[int, ...]] = (None, ())) -> TensorSpec:
     val = node.meta.get("val")
     if not isinstance(val, torch.Tensor):
         raise UnsupportedGroup(f"{node.name} is not a single tensor")
     spec = TensorSpec.of(val)
-    return spec if high is None else TensorSpec(spec.shape, spec.stride, spec.dtype, spec.device, high)
+    return spec if draws == (None, ()) else TensorSpec(spec.shape, spec.stride, spec.dtype, spec.device, *draws)
 
 
-def _index_bound(node: fx.Node, nodes: list[fx.Node]) -> int | None:
-    """For an integer input that `nodes` use only as a gather's index: the size of the dim it
-    indexes (random inputs for the task must lie in bounds, and zeros would not tell a kernel
-    that gathers the right element from one that reads the first)."""
+def _index_draws(node: fx.Node, nodes: list[fx.Node]) -> tuple[int | None, tuple[int, ...]]:
+    """For an integer input that `nodes` use only to make a gather's index (partition.index_only):
+    the size of the dim it indexes, and the scalars it is compared with (random inputs for the
+    task must lie in bounds, zeros would not tell a kernel that gathers the right element from one
+    that reads the first, and draws that never equal cross-entropy's ignore_index would not tell
+    one that masks those rows). (None, ()) for any other input."""
     val = node.meta.get("val")
     if not isinstance(val, torch.Tensor) or val.dtype.is_floating_point or val.dtype == torch.bool:
-        return None
+        return None, ()
     members = set(nodes)
-    sizes = set()
-    for user in node.users:
-        if user not in members:
-            continue
-        if user.target is not aten.gather.default or user.args[2] is not node or user.args[0] is node:
-            return None
-        source = user.args[0].meta["val"]
-        sizes.add(source.shape[user.args[1] % source.dim()])
-    return sizes.pop() if len(sizes) == 1 else None
+    sizes, special = set(), set()
+    frontier = [node]
+    while frontier:
+        n = frontier.pop()
+        for user in n.users:
+            if user not in members:
+                continue
+            if user.target is aten.gather.default and user.args[2] is n and user.args[0] is not n:
+                source = user.args[0].meta["val"]
+                sizes.add(source.shape[user.args[1] % source.dim()])
+            elif user.target in INDEX_COMPARE_OPS and user.args[0] is n:
+                special.add(user.args[1])
+            elif user.target in INDEX_PASS_OPS and not (user.target is aten.where.self and user.args[0] is n):
+                frontier.append(user)
+            else:
+                return None, ()
+    return (sizes.pop() if len(sizes) == 1 else None), tuple(sorted(special))
 
 
 def write_body(nodes: list[fx.Node], inputs: list[fx.Node], outputs: list[fx.Node], input_names: list[str],
@@ -220,7 +233,7 @@ def extract_task(group: Group) -> Task:
 def task_of_nodes(nodes: list[fx.Node], inputs: list[fx.Node], outputs: list[fx.Node], kind: str) -> Task:
     """The Task computing `outputs` from `inputs` (in this order) through `nodes` (in graph order,
     scalar constants included)."""
-    in_specs = tuple(_spec(n, _index_bound(n, nodes)) for n in inputs)
+    in_specs = tuple(_spec(n, _index_draws(n, nodes)) for n in inputs)
     out_specs = tuple(_spec(n) for n in outputs)
     devices = {s.device for s in in_specs + out_specs}
     if len(devices) != 1:
@@ -228,7 +241,7 @@ def task_of_nodes(nodes: list[fx.Node], inputs: list[fx.Node], outputs: list[fx.
     body, ops = write_body(nodes, inputs, outputs, [f"in{i}" for i in range(len(inputs))], "torch.device(_DEVICE)")
     signature = ", ".join(["self"] + [f"in{i}" for i in range(len(inputs))])
     specs = "[\n" + "".join(
-        f"    ({s.shape!r}, {s.stride!r}, torch.{s.dtype}, {s.high!r}),\n" for s in in_specs) + "]"
+        f"    ({s.shape!r}, {s.stride!r}, torch.{s.dtype}, {s.high!r}, {s.special!r}),\n" for s in in_specs) + "]"
     program = (
         ("import operator\n" if "operator.getitem" in body else "")
         + PROGRAM_HEADER

@@ -60,7 +60,8 @@ VARIANTS = {  # label: kernel, defines, cooperative
     "pipe-G1-online": ("pipe", {"G": 1, "ONLINE": 1}, True), "pipe-G2-online": ("pipe", {"G": 2, "ONLINE": 1}, True),
     "pipe-G4-online": ("pipe", {"G": 4, "ONLINE": 1}, True),
 }
-KERNELS = r'''
+# Both sources' types and helpers (each compiled with its own defines: E, VW, ...)
+COMMON = r"""
 #include <cooperative_groups.h>
 namespace cg = cooperative_groups;
 struct bf16 { unsigned short bits; };
@@ -77,6 +78,14 @@ __device__ __forceinline__ float ex2(float x) {
 #define L2E 1.44269504088896341f
 #define NEG_INF __int_as_float(0xff800000)
 typedef Vec<E, VW> V;
+// two (max, sum of exp(x - max)) pairs as one
+__device__ __forceinline__ float2 merge(float2 a, float2 b) {
+  const float m = fmaxf(a.x, b.x);
+  if (m == NEG_INF) return a;  // both empty
+  return make_float2(m, a.y * ex2((a.x - m) * L2E) + b.y * ex2((b.x - m) * L2E));
+}
+"""
+KERNELS = COMMON + r'''
 
 extern "C" __global__ void __launch_bounds__(THREADS, MINB)
 copy(const E* __restrict__ in, int* cnt, E* __restrict__ out, float2* ws) {
@@ -99,11 +108,6 @@ extern "C" __global__ void empty(const E* __restrict__ in, int* cnt, E* __restri
 }
 
 // (m, s) of a block: each thread's online pair merged by shuffles and shared memory
-__device__ __forceinline__ float2 merge(float2 a, float2 b) {
-  const float m = fmaxf(a.x, b.x);
-  if (m == NEG_INF) return a;  // both empty
-  return make_float2(m, a.y * ex2((a.x - m) * L2E) + b.y * ex2((b.x - m) * L2E));
-}
 __device__ float2 block_pair(float2 p, float2* red) {
   #pragma unroll
   for (int k = 16; k > 0; k >>= 1)
@@ -205,23 +209,7 @@ pipe(const E* __restrict__ in, int* cnt, E* __restrict__ out, float2* ws) {
 }
 '''
 
-TMA_KERNELS = r"""
-#include <cooperative_groups.h>
-namespace cg = cooperative_groups;
-struct bf16 { unsigned short bits; };
-template <typename T, int N> struct alignas(sizeof(T) * N) Vec { T v[N]; };
-__device__ __forceinline__ float tof(float x) { return x; }
-__device__ __forceinline__ float tof(bf16 h) { return __uint_as_float(((unsigned)h.bits) << 16); }
-__device__ __forceinline__ void fromf(float f, float& o) { o = f; }
-__device__ __forceinline__ void fromf(float f, bf16& o) { asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(o.bits) : "f"(f)); }
-__device__ __forceinline__ float ex2(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-  return y;
-}
-#define L2E 1.44269504088896341f
-#define NEG_INF __int_as_float(0xff800000)
-typedef Vec<E, VW> V;
+TMA_KERNELS = COMMON + r"""
 #define SLICE (ROWLEN / C)            // elements a block
 #define CHUNK (SLICE / NCH)           // elements a bulk copy
 #define NVC (CHUNK / VW / THREADS)    // vectors a thread a chunk
@@ -263,11 +251,6 @@ __device__ __forceinline__ void store_chunk(E* dst, E* sm, int c) {
 }
 __device__ __forceinline__ void stores_read() {
   if (threadIdx.x == 0) asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");
-}
-__device__ __forceinline__ float2 merge(float2 a, float2 b) {
-  const float m = fmaxf(a.x, b.x);
-  if (m == NEG_INF) return a;
-  return make_float2(m, a.y * ex2((a.x - m) * L2E) + b.y * ex2((b.x - m) * L2E));
 }
 
 // each chunk stored as soon as it arrives: a copy through shared memory by the copy engine
@@ -404,6 +387,24 @@ __device__ __forceinline__ void st_f(float f, bf16& o) { o = float_to_bf16(f); }
 #define RPG (ROWS / G)
 #define BPR (SPLIT * G)
 #define NW (THREADS / 32)
+// the block's (max, sum of exps) pair: shuffles, then a slot a warp (`m`, `s`)
+__device__ __forceinline__ void fold_block(float& acc2, double& acc5, float* m, double* s) {
+  const int t = threadIdx.x;
+  #pragma unroll
+  for (int k = 16; k > 0; k >>= 1) {
+    const float om = __shfl_xor_sync(0xffffffffu, acc2, k);
+    const double os = __shfl_xor_sync(0xffffffffu, acc5, k);
+    const float to = pw_maximum(acc2, om);
+    acc5 = rows_online_rescale(acc5, acc2, to) + rows_online_rescale(os, om, to);
+    acc2 = to;
+  }
+  if (t % 32 == 0) { m[t / 32] = acc2; s[t / 32] = acc5; }
+  __syncthreads();
+  acc2 = m[0];
+  for (int w = 1; w < NW; ++w) acc2 = pw_maximum(acc2, m[w]);
+  acc5 = rows_online_rescale(s[0], m[0], acc2);
+  for (int w = 1; w < NW; ++w) acc5 += rows_online_rescale(s[w], m[w], acc2);
+}
 extern "C" __global__ void __launch_bounds__(THREADS, MINB)
 gen_groups(const E* __restrict__ in0, int* cnt, E* __restrict__ out0, unsigned char* ws) {
   cg::grid_group grid = cg::this_grid();
@@ -437,20 +438,7 @@ gen_groups(const E* __restrict__ in0, int* cnt, E* __restrict__ out0, unsigned c
       for (int v = 0; v < VW; ++v) terms += pw_exp_fast_ftz(y[v] - b);
       acc5 += (double)terms;
     }
-    #pragma unroll
-    for (int m = 16; m > 0; m >>= 1) {
-      const float om = __shfl_xor_sync(0xffffffffu, acc2, m);
-      const double os = __shfl_xor_sync(0xffffffffu, acc5, m);
-      const float to = pw_maximum(acc2, om);
-      acc5 = rows_online_rescale(acc5, acc2, to) + rows_online_rescale(os, om, to);
-      acc2 = to;
-    }
-    if (t % 32 == 0) { red0[g][t / 32] = acc2; red1[g][t / 32] = acc5; }
-    __syncthreads();
-    acc2 = red0[g][0];
-    for (int w = 1; w < NW; ++w) acc2 = pw_maximum(acc2, red0[g][w]);
-    acc5 = rows_online_rescale(red1[g][0], red0[g][0], acc2);
-    for (int w = 1; w < NW; ++w) acc5 += rows_online_rescale(red1[g][w], red0[g][w], acc2);
+    fold_block(acc2, acc5, red0[g], red1[g]);
     if (t == 0) { ws0[g * NBLK + blockIdx.x] = acc2; ws1[g * NBLK + blockIdx.x] = acc5; }
     grid.sync();
     const int first = g * NBLK + (blockIdx.x / BPR) * BPR;
@@ -459,20 +447,7 @@ gen_groups(const E* __restrict__ in0, int* cnt, E* __restrict__ out0, unsigned c
     acc5 = 0.0;
     for (int k = t; k < BPR; k += THREADS)
       acc5 += rows_online_rescale(__ldcg(&ws1[first + k]), __ldcg(&ws0[first + k]), acc2);
-    #pragma unroll
-    for (int m = 16; m > 0; m >>= 1) {
-      const float om = __shfl_xor_sync(0xffffffffu, acc2, m);
-      const double os = __shfl_xor_sync(0xffffffffu, acc5, m);
-      const float to = pw_maximum(acc2, om);
-      acc5 = rows_online_rescale(acc5, acc2, to) + rows_online_rescale(os, om, to);
-      acc2 = to;
-    }
-    if (t % 32 == 0) { red0[g][t / 32] = acc2; red1[g][t / 32] = acc5; }  // read before the grid.sync
-    __syncthreads();
-    acc2 = red0[g][0];
-    for (int w = 1; w < NW; ++w) acc2 = pw_maximum(acc2, red0[g][w]);
-    acc5 = rows_online_rescale(red1[g][0], red0[g][0], acc2);
-    for (int w = 1; w < NW; ++w) acc5 += rows_online_rescale(red1[g][w], red0[g][w], acc2);
+    fold_block(acc2, acc5, red0[g], red1[g]);  // its slots read before the grid.sync
     const float mx = acc2;
     const float rcp0 = pw_div_fast(1.0f, rows_online_sum(acc5, acc2));
     const idx_t base = (idx_t)(g * RPG + blockIdx.x / BPR) * ROWLEN + (idx_t)piece * (NH * THREADS * VW);

@@ -98,7 +98,8 @@ def main(specs: list[str]) -> None:
             with torch.no_grad():
                 expected = reference(*ins)
             fns = plan_contenders(plan_launches(task), ins, expected if isinstance(expected, tuple) else (expected,))
-            x = ins[0]  # half of it copied: as many bytes moved as reading it
+            x = max(ins, key=torch.Tensor.numel)  # the rows, not a loss's targets: half copied, as many bytes
+            # moved as reading them
             line = bench_beside_inductor_and_copy(fns, reference, ins, x.view(-1)[: x.numel() // 2], "copy_same_bytes")
             print(spec, task.hash[:8], line, flush=True)
 

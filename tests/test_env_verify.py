@@ -256,8 +256,8 @@ def test_a_candidate_that_ignores_a_mask_is_refused(env):
 
 
 def _cross_entropy_losses():
-    """Cross-entropy's per-row losses as the partition cuts them: logits, the gather's index
-    (int64, drawn in bounds of the row), the mask of targets that count."""
+    """Cross-entropy's per-row losses as the partition cuts them: the target (int64, drawn in
+    bounds of the row or as the ignore_index -100), the logits."""
     import torch
     import torch.nn.functional as F
     from test_rows_template import Fn, traced_row_tasks
@@ -265,14 +265,21 @@ def _cross_entropy_losses():
     return tasks[0]
 
 
+CE_PICKED = "-x.log_softmax(-1).gather(1, torch.where(t != -100, t, 0).unsqueeze(1)).squeeze(1)"
+
+
 @pytest.mark.parametrize("body, status", [
-    ("return torch.where(m, -x.log_softmax(-1).gather(1, t).squeeze(1), 0.0)", "passed"),
-    ("return torch.where(m, -x.log_softmax(-1)[:, 0], 0.0)", "incorrect"),  # the first element, not the target's
+    (f"return torch.where(t != -100, {CE_PICKED}, 0.0)", "passed"),
+    ("return torch.where(t != -100, -x.log_softmax(-1)[:, 0], 0.0)", "incorrect"),  # the first element
+    (f"return {CE_PICKED}", "incorrect"),  # ignored rows not masked
 ])
 def test_a_gather_is_verified_on_indices_over_the_whole_row(env, body, status):
     """Integer inputs that index a row are drawn over it (as zeros, a kernel that reads the
-    first element would pass), and the verifier's blank inputs hold integers too."""
+    first element would pass) and as the values they are compared with (cross-entropy's
+    ignore_index: never drawn, a kernel that skips the mask would pass), and the verifier's blank
+    inputs hold integers too."""
     task = _cross_entropy_losses()
-    assert [s.dtype for s in task.inputs] == ["float32", "int64", "bool"] and task.inputs[1].high == 64
-    ev = evaluate(env, make_candidate(body, args="x, t, m"), task)
+    assert [s.dtype for s in task.inputs] == ["int64", "float32"] and task.inputs[0].high == 64
+    assert task.inputs[0].special == (-100,)
+    ev = evaluate(env, make_candidate(body, args="t, x"), task)
     assert ev.status == status, ev.reason

@@ -157,3 +157,53 @@ def test_a_cumsum_after_a_softmax_leaves_the_softmax_its_group():
         return torch.cumsum(e / e.sum(-1, keepdim=True), -1)
     groups = partition(_graph(fn, torch.randn(4, 16)))
     assert [(gr.kind, _ops(gr)[-1]) for gr in groups] == [("reduction", "div"), ("scan", "cumsum")]
+
+
+def _nll_with_mask(x, t):
+    """Cross-entropy as its decomposition writes it: rows whose target is -100 are masked, the
+    gather reads where(t != -100, t, 0), and the mean divides by the rows that count."""
+    shifted = x - x.amax(-1, keepdim=True)  # log_softmax as the post-grad graph has it
+    logp = shifted - shifted.exp().sum(-1, keepdim=True).log()
+    keep = t != -100
+    picked = -logp.gather(1, torch.where(keep, t, 0).unsqueeze(1)).squeeze(1)
+    return torch.where(t != -100, picked, 0.0).sum() / (t != -100).sum().to(x.dtype)
+
+
+def test_cross_entropys_target_mask_and_index_join_its_row_group():
+    g = _graph(_nll_with_mask, torch.randn(8, 16), torch.arange(8))
+    (rows,) = [gr for gr in partition(g) if "gather" in _ops(gr)]
+    assert {"ne", "where", "unsqueeze", "gather", "amax"} <= set(_ops(rows))
+    target = next(n for n in g.nodes if n.op == "placeholder" and n.meta["val"].dtype == torch.int64)
+    compares = [u for u in target.users if u.target is torch.ops.aten.ne.Scalar]
+    # the mean's count is no row's: its compare stays with Inductor, beside the sum of the mask
+    assert sum(u in rows.nodes for u in compares) == len(compares) - 1
+
+
+def test_a_compare_the_mean_shares_is_made_in_the_row_group_and_written_out():
+    """One t != -100 for the index, the mask and the mean's count (linear + cross-entropy's graph):
+    the row group makes it and writes it, so no kernel of Inductor's runs before the group."""
+    def fn(x, t):
+        shifted = x - x.amax(-1, keepdim=True)
+        logp = shifted - shifted.exp().sum(-1, keepdim=True).log()
+        keep = t != -100
+        picked = -logp.gather(1, torch.where(keep, t, 0).unsqueeze(1)).squeeze(1)
+        return torch.where(keep, picked, 0.0).sum() / keep.sum().to(x.dtype)
+    g = _graph(fn, torch.randn(8, 16), torch.arange(8))
+    (rows,) = [gr for gr in partition(g) if "gather" in _ops(gr)]
+    (ne,) = [n for n in g.nodes if n.target is torch.ops.aten.ne.Scalar]
+    assert ne in rows.nodes and any(u not in rows.nodes for u in ne.users)
+
+
+def test_integer_compares_join_no_group_without_a_gather():
+    """A compare of integers is claimed ("index") only to make a gather's index and masks beside
+    it: a mask of token ids that scales a softmax stays outside, its bool result the group's input."""
+    g = _graph(lambda x, ids: x.softmax(-1) * (ids != 0).unsqueeze(-1), torch.randn(8, 16), torch.arange(8))
+    ne = next(n for n in g.nodes if n.target is torch.ops.aten.ne.Scalar)
+    assert classify(ne).kind == "index"
+    assert all(ne not in gr.nodes for gr in partition(g))
+    # an integer where whose result goes on to other work than a gather's index is claimed by no group
+    g = _graph(lambda x, t: x.log_softmax(-1).gather(1, torch.where(t > 0, t, 0)) + torch.where(t > 0, t, 0).float(),
+               torch.randn(8, 16), torch.ones(8, 1, dtype=torch.int64))
+    wheres = [n for n in g.nodes if n.target is torch.ops.aten.where.self]
+    kinds = [(classify(w).kind, any(u.target is torch.ops.aten.gather.default for u in w.users)) for w in wheres]
+    assert sorted(kinds, key=str) == [("index", True), (None, False)]

@@ -8,7 +8,7 @@ from test_rows_template import _cross_entropy_tasks, resized
 def test_both_plans_of_a_loss_are_timed_each_under_its_own_label():
     """fp32 cross-entropy over 32000 classes: the online plan's shapes (and the streaming ones it
     adds, 128 threads among them), then the held plan's (the pair cluster among them)."""
-    losses = resized(_cross_entropy_tasks()[0], (4096, 32000), (4096, 1), (4096,))
+    losses = resized(_cross_entropy_tasks()[0], (4096,), (4096, 32000))
     labels = [label for label, _, _ in plan_launches(losses)]
     assert labels[:4] == ["on:t1024r1v4o", "on:t512r1v4o", "on:t256r1v4o", "on:t128r1v4o"]
     assert "2p:t256r1v4c2" in labels and all(label.startswith(("on:", "2p:")) for label in labels)

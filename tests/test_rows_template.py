@@ -455,32 +455,42 @@ def _cross_entropy_tasks(dtype: torch.dtype = f32, rows: int = 8, classes: int =
 
 def test_cross_entropy_is_a_loss_per_row_then_their_mean():
     """The target's log-probability is gathered in the log-softmax's group, so no log-softmax of
-    the whole input is written (Inductor writes none either): each row's loss, then the mean."""
+    the whole input is written (Inductor writes none either): each row's loss, then the mean. The
+    loss task takes the target itself: the mask of rows whose target is not the ignore_index, and
+    the index the gather reads (where(target != -100, target, 0)), are made in it, not by a kernel
+    of Inductor's before it."""
     losses, mean = _cross_entropy_tasks()
     assert supports(losses) is None and supports(mean) is None
-    assert "aten.gather.default" in losses.ops
-    x, index, mask = losses.inputs
-    assert (x.dtype, index.dtype, index.shape, index.high, mask.dtype) == ("float32", "int64", (8, 1), 64, "bool")
+    assert "aten.gather.default" in losses.ops and "aten.ne.Scalar" in losses.ops
+    target, x = losses.inputs
+    assert (x.dtype, target.dtype, target.shape, target.high, target.special) == ("float32", "int64", (8,), 64,
+                                                                                   (-100,))
     assert [o.shape for o in losses.outputs] == [(8,)]  # no (8, 64) log-softmax
     plan = build_plan(losses, online=True)
     # the max and the sum of exp(x - max) online in one sweep: nothing held, no pass gathers
     assert (plan.rows, plan.row_length, len(plan.passes), plan.stored) == (8, 64, 1, ())
     assert [p.combine for p in plan.passes[0].partials] == ["max", "online"]
-    assert [a.per_row for a in plan.accesses] == [False, True, True]
+    assert [a.per_row for a in plan.accesses] == [True, False]
+    # the mask and the index from the row's target, in its own type
+    assert "(a0 != -100LL)" in "\n".join(plan.prelude)
     # once the sum is known, each row's target element is loaded alone and its log-probability computed
-    assert "a0 = in0[a0_base + at * 1];" in "".join(plan.passes[0].after).replace("    const float ", "")
+    assert "a1 = in1[a1_base + at * 1];" in "".join(plan.passes[0].after).replace("    const float ", "")
     plan = build_plan(mean)
     assert (plan.rows, plan.row_length) == (1, 8)
     assert [a.per_row for a in plan.accesses] == [False, True]  # the divisor is a 0-dim input
 
 
-def test_random_indices_of_a_gather_lie_in_its_dim():
-    index = _cross_entropy_tasks()[0].inputs[1]
-    drawn = torch.cat([random_inputs([index], seed, device="cpu")[0] for seed in range(4)])
-    assert drawn.dtype == torch.int64 and 0 <= drawn.min() and drawn.max() < 64 and len(drawn.unique()) > 16
-    namespace = load_program(_cross_entropy_tasks()[0].program.replace("'cuda'", "'cpu'"))
-    x, target, mask = namespace["get_inputs"]()
-    assert 0 <= target.min() and target.max() < 64 and len(target.unique()) > 1
+def test_random_indices_of_a_gather_lie_in_its_dim_or_take_the_values_compared_with():
+    """Cross-entropy's target: drawn over the row, and a quarter of the time as the ignore_index
+    (a kernel that skips the mask would pass on draws that never hit it)."""
+    losses = _cross_entropy_tasks(rows=256)[0]
+    program = load_program(losses.program.replace("'cuda'", "'cpu'"))
+    for drawn in (torch.cat([random_inputs([losses.inputs[0]], seed, device="cpu")[0] for seed in range(4)]),
+                  program["get_inputs"]()[0]):
+        ignored = drawn == -100
+        kept = drawn[~ignored]
+        assert drawn.dtype == torch.int64 and 0 <= kept.min() and kept.max() < 64 and len(kept.unique()) > 16
+        assert 0.1 < ignored.float().mean() < 0.4
 
 
 @pytest.mark.parametrize("fn, inputs", [
@@ -600,12 +610,12 @@ def test_launch_shapes_follow_the_row_length():
     assert _tags(resized(case_task("sum_last", f32), (4096, 1000))) == ["t32r4v4", "t128r1v4"]
     # rows of 32000 fp32 streamed (an online logsumexp, "o"): 1024 threads take 8 vectors each,
     # and with a block for every SM, 512, 256 and 128 take more
-    losses = resized(_cross_entropy_tasks()[0], (4096, 32000), (4096, 1), (4096,))
+    losses = resized(_cross_entropy_tasks()[0], (4096,), (4096, 32000))
     # and, holding the rows for two passes, the shapes those take; rows of 64 KB (bf16) are held only;
     # none prefetched: 4096 rows are more than 8 an SM
     assert _tags(losses) == ["t1024r1v4o", "t512r1v4o", "t256r1v4o", "t128r1v4o",
                              "t1024r1v4", "t512r1v4", "t256r1v4c2", "t1024r1v4s"]
-    bf16_losses = resized(_cross_entropy_tasks(bf16)[0], (4096, 32000), (4096, 1), (4096,))
+    bf16_losses = resized(_cross_entropy_tasks(bf16)[0], (4096,), (4096, 32000))
     assert _tags(bf16_losses) == ["t512r1v8", "t1024r1v8", "t256r1v8", "t128r1v8c2", "t1024r1v8s"]
 
 

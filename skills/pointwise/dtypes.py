@@ -64,6 +64,10 @@ def literal(value: bool | int | float, ctype: str) -> str:
     """`value` as a C literal of `ctype`, rounded as torch rounds a Python scalar to that type."""
     if ctype == "bool":
         return "true" if value else "false"
+    if ctype in ("long long", "int"):  # an index, or a value compared with one (an ignore_index)
+        if not isinstance(value, int) or isinstance(value, bool):
+            raise Unsupported(f"{value!r} is not an integer")
+        return f"{value}LL" if ctype == "long long" else str(value)
     v = float(value)
     if ctype == "float":
         v = torch.tensor(v, dtype=torch.float32).item()

@@ -12,7 +12,7 @@ from typing import Any, Callable
 
 import torch
 
-from .dtypes import cast, dtype_info, literal
+from .dtypes import cast, dtype_info, literal, operand_info
 from .errors import Unsupported
 
 aten, prims = torch.ops.aten, torch.ops.prims
@@ -48,7 +48,7 @@ class OpArgs:
                  continuous: bool = False):
         self.bound = bound
         self.dtype = dtype
-        self.ctype = dtype_info(dtype).ctype
+        self.ctype = operand_info(dtype).ctype  # an index's compare (cross-entropy's ignore_index) in its own type
         self.round_operands = round_operands
         self.fast_fp32 = fast_fp32
         self.continuous = continuous
@@ -65,9 +65,9 @@ class OpArgs:
         if not isinstance(value, Value):
             return self.lit(value)
         held = value.var if self.continuous else value.exact
-        expr = cast(held, dtype_info(value.dtype).ctype, self.ctype)
+        expr = cast(held, operand_info(value.dtype).ctype, self.ctype)
         if self.round_operands and value.dtype != self.dtype:
-            expr = dtype_info(self.dtype).round.format(expr)
+            expr = operand_info(self.dtype).round.format(expr)
         return expr
 
     def raw(self, name: str) -> Any:
@@ -77,7 +77,7 @@ class OpArgs:
         value = self.bound[name]
         if not isinstance(value, Value):
             return literal(value, "bool")
-        return cast(value.exact, dtype_info(value.dtype).ctype, "bool")
+        return cast(value.exact, operand_info(value.dtype).ctype, "bool")
 
     def lit(self, value: bool | int | float) -> str:
         if not isinstance(value, (bool, int, float)):

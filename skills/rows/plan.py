@@ -25,9 +25,10 @@ from dataclasses import dataclass
 import torch
 from torch.fx import Node
 
+from agent_backend.partition import index_only
 from agent_backend.specs import Task, TensorSpec
 from skills.pointwise import dtypes
-from skills.pointwise.dtypes import cast, dtype_info, literal
+from skills.pointwise.dtypes import cast, dtype_info, literal, operand_info
 from skills.pointwise.errors import Unsupported
 from skills.pointwise.layout import coalesce, is_dense, vector_width
 from skills.pointwise.ops import CONVERSIONS, OP_RULES, OpArgs, Value
@@ -54,7 +55,7 @@ VIEWS = {
 # reductions read through these alone may refine the iteration space (placement.refine).
 RESHAPES = VIEWS - {aten.expand.default, aten.permute.default, aten.t.default, aten.transpose.int}
 COMPUTE_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.bool)
-INDEX_DTYPES = tuple(dtypes.INDEX_DTYPES)  # inputs a gather takes its index from, and nothing else
+INDEX_DTYPES = tuple(dtypes.INDEX_DTYPES)  # inputs that make a gather's index, and nothing else
 # The value each partial reduction starts from (sums accumulate in double: codegen.ACCUMULATOR).
 IDENTITY = {"sum": "0.0", "online": "0.0", "max": "(-__uint_as_float(0x7f800000u))",
             "min": "__uint_as_float(0x7f800000u)"}
@@ -194,9 +195,8 @@ def build_plan(task: Task, online: bool = False) -> RowPlan:
         if spec.torch_dtype in INDEX_DTYPES:
             raise Unsupported(f"an output of dtype {spec.torch_dtype} not supported")
     for p, spec in zip(placeholders, task.inputs):
-        if spec.torch_dtype in INDEX_DTYPES and not all(u.target is aten.gather.default and u.args[2] is p
-                                                         for u in p.users):
-            raise Unsupported(f"integer input {p.name} is used as other than a gather's index")
+        if spec.torch_dtype in INDEX_DTYPES and not index_only(p):
+            raise Unsupported(f"integer input {p.name} is used as other than to make a gather's index")
     return _Builder(task, placeholders, out_nodes, online).build()
 
 
@@ -305,7 +305,7 @@ class _Builder:
             else:
                 raise Unsupported(f"op {node.target} not supported")
             for value in _tensors(self.metas[node]):
-                if value.dtype not in COMPUTE_DTYPES:
+                if value.dtype not in COMPUTE_DTYPES and not (value.dtype in INDEX_DTYPES and index_only(node)):
                     raise Unsupported(f"{node.name} is {value.dtype}, not supported")
         if not self.reductions and not self.scans:
             raise Unsupported("no reduction or scan")
@@ -500,7 +500,7 @@ class _Program:
             raise Unsupported(f"op {node.target} on {dtype} not supported")
         args = OpArgs({k: self.values[v] if isinstance(v, Node) else v for k, v in bound.items()}, dtype,
                       round_operands=rule.kind != "any", fast_fp32=self.low_precision_outputs)
-        info = dtype_info(meta.dtype)
+        info = operand_info(meta.dtype)  # an index made by a where (cross-entropy's masked target)
         expr = self._one_plus_tanh(node, bound, args) or self._summed_exp(node, args) or rule.render(args)
         other = bound.get("other")
         if (node.target is aten.div.Tensor and args.fast and bound.get("rounding_mode") is None
