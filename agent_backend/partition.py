@@ -8,8 +8,8 @@ an anchor (matmul, conv, reduction, a scan: cumsum) takes its pointwise prologue
 reduction also the views its epilogue goes on through), reductions over the same rows fuse with
 the pointwise work between them (softmax, norms), a reduction group holding a gather takes the
 integer ops that make its index and masks (cross-entropy's target != -100), and chains of the
-pointwise nodes left over form groups. Every group is checked to be convex (no path leaves it and comes back), so
-replacing it with one call can never make a cycle. Constants (nodes computed from no input, such
+pointwise nodes left over form groups. Every group is checked to be convex (no path leaves it
+and comes back), so replacing it with one call can never make a cycle. Constants (nodes computed from no input, such
 as the causal masks transformers builds from iota) belong to no group; a task computes those its
 rules read (task.written_in), and takes the others as inputs.
 """
