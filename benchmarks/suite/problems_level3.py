@@ -6,6 +6,7 @@ import torch
 import torch.nn as nn
 
 from .problem import Problem
+from .problems_level2 import LinearCrossEntropy
 from .problems_rewrites import GPTBlock
 
 
@@ -117,6 +118,14 @@ def _images(d):
     return [torch.randn(d.batch, d.channels, d.size, d.size)]
 
 
+def _padded_targets(d):
+    """Hidden states and their next tokens, every eighth a padding position (-100, cross-entropy's
+    ignore_index) as a language model's batches hold them."""
+    target = torch.randint(0, d.features_out, (d.rows,))
+    target[::8] = -100
+    return [torch.randn(d.rows, d.features_in), target]
+
+
 PROBLEMS = [
     _mlp("mlp", train=False),
     _mlp("mlp_train", train=True),
@@ -128,4 +137,9 @@ PROBLEMS = [
             get_init_inputs=lambda d: [d.channels], group="network", tolerance=5.0),
     _cnn("small_cnn", train=False),
     _cnn("small_cnn_train", train=True),
+    # a language model's head and loss, one training step: cross-entropy's backward too
+    Problem("lm_head_loss_train", 3, LinearCrossEntropy, _padded_targets,
+            {"rows": 4096, "features_in": 1024, "features_out": 32000},
+            {"rows": 16, "features_in": 16, "features_out": 12},
+            get_init_inputs=lambda d: [d.features_in, d.features_out], group="network", train=True, tolerance=5.0),
 ]
