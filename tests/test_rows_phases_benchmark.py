@@ -6,8 +6,8 @@ import subprocess
 
 import pytest
 
-from benchmarks.rows_phases import (GEN_GROUPS, TMA_VARIANTS, gen_groups_source, generated_plan,
-                                     generated_preamble, kernel_source, tma_source)
+from benchmarks.rows_phases import (GEN_GROUPS, gen_groups_source, generated_plan, generated_preamble,
+                                     kernel_source, tma_source)
 from test_rows_template import _nvcc
 
 
@@ -21,13 +21,13 @@ def test_the_probe_kernels_compile_without_spilling(tmp_path, dtype, online):
 @pytest.mark.skipif(_nvcc() is None, reason="needs nvcc")
 @pytest.mark.parametrize("dtype", ["bf16", "fp32"])
 def test_the_bulk_copy_and_row_group_kernels_compile_without_spilling(tmp_path, dtype):
-    """The TMA variants (bulk copies, mbarriers, a cluster's distributed shared memory) and the
-    generated kernel's code over groups of rows, after its own preamble."""
-    for label, (_, extra) in TMA_VARIANTS.items():
-        _compiles_without_spilling(tmp_path / f"{label}_{dtype}.cu", tma_source(dtype, **extra))
+    """The TMA kernels (bulk copies, mbarriers, a cluster's distributed shared memory) under their
+    default defines, and the generated kernel's code over the most groups of rows (the most
+    registers a thread), after its own preamble."""
+    _compiles_without_spilling(tmp_path / f"tma_{dtype}.cu", tma_source(dtype))
     preamble = generated_preamble(*generated_plan(dtype))
-    for groups in GEN_GROUPS:
-        _compiles_without_spilling(tmp_path / f"gen{groups}_{dtype}.cu", gen_groups_source(dtype, groups, preamble))
+    groups = max(GEN_GROUPS)
+    _compiles_without_spilling(tmp_path / f"gen{groups}_{dtype}.cu", gen_groups_source(dtype, groups, preamble))
 
 
 def _compiles_without_spilling(path, source: str) -> None:
