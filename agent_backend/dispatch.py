@@ -190,11 +190,14 @@ class Dispatcher:
             self.settings.gate and gate.still_skips(recorded, self.settings.min_speedup, self.settings.gate_slack))
         return self.is_stale_loser(entry) or self.is_stale_rewrite(entry, task) or bool(gated_off)
 
+    def written_by_another_policy(self, entry) -> bool:
+        """Whether another policy, or another revision of ours, wrote `entry`."""
+        written_by = (entry.provenance.get("policy"), entry.provenance.get("policy_revision"))
+        return written_by != (self.policy.name, self.policy.revision)
+
     def is_stale_loser(self, entry) -> bool:
         """A loser written by another policy, or another revision of ours, which might win now."""
-        current = (self.policy.name, self.policy.revision)
-        return entry.outcome != "kernel" and (entry.provenance.get("policy"),
-                                              entry.provenance.get("policy_revision")) != current
+        return entry.outcome != "kernel" and self.written_by_another_policy(entry)
 
     def is_stale_rewrite(self, entry, task: Task) -> bool:
         """A rewrite winner from another revision of ours whose rules, applied to the task now,
@@ -203,10 +206,7 @@ class Dispatcher:
         never timed; a new search finds what the rules write now."""
         if entry.outcome != "kernel" or not entry.origin.startswith(rewrites.ORIGIN) or task.graph_module is None:
             return False
-        if (entry.provenance.get("policy"), entry.provenance.get("policy_revision")) == (
-                self.policy.name, self.policy.revision):
-            return False
-        return inline.rewritten_as(task, entry.origin, entry.source) is None
+        return self.written_by_another_policy(entry) and inline.rewritten_as(task, entry.origin, entry.source) is None
 
     def leave_to_background(self, task: Task, key) -> Decision:
         """Queue the task's search and leave the task to Inductor for now."""
