@@ -175,22 +175,27 @@ def _is_integer(val) -> bool:
                                                   or val.dtype == torch.bool)
 
 
+def index_use(user: fx.Node, node: fx.Node) -> str | None:
+    """How `user` uses the integer value `node` in making a gather's index: "gather" (its index
+    argument), "compare" (with an integer scalar, INDEX_COMPARE_OPS: a bool mask), "pass" (a where
+    branch or a view, INDEX_PASS_OPS, with an integer result, used so in turn); else None."""
+    if user.target is aten.gather.default and user.args[2] is node and user.args[0] is not node:
+        return "gather"
+    if user.target in INDEX_COMPARE_OPS and user.args[0] is node and _is_integer_scalar(user.args[1]):
+        return "compare"
+    if (user.target in INDEX_PASS_OPS and _is_integer(user.meta.get("val"))
+            and not (user.target is aten.where.self and user.args[0] is node)):  # never the condition
+        return "pass"
+    return None
+
+
 def index_only(node: fx.Node, depth: int = 0) -> bool:
-    """Every use of `node`'s integer value prepares a gather's index or is one: the gather's index
-    argument, a compare with an integer scalar (INDEX_COMPARE_OPS: its result is a bool mask), or
-    a where or view (INDEX_PASS_OPS) whose integer result is used so in turn (a few steps)."""
+    """Every use of `node`'s integer value prepares a gather's index or is one (index_use), a few
+    steps on."""
     if not node.users or depth > 4:
         return False
-    for u in node.users:
-        if u.target is aten.gather.default and u.args[2] is node and u.args[0] is not node:
-            continue
-        if u.target in INDEX_COMPARE_OPS and u.args[0] is node and _is_integer_scalar(u.args[1]):
-            continue
-        if u.target in INDEX_PASS_OPS and _is_integer(u.meta.get("val")) and index_only(u, depth + 1):
-            if u.target is not aten.where.self or u.args[0] is not node:  # never the condition
-                continue
-        return False
-    return True
+    return all((use := index_use(u, node)) in ("gather", "compare") or (use == "pass" and index_only(u, depth + 1))
+               for u in node.users)
 
 
 def _is_integer_scalar(value) -> bool:

@@ -16,7 +16,7 @@ import operator
 import torch
 import torch.fx as fx
 
-from .partition import INDEX_COMPARE_OPS, INDEX_PASS_OPS, Group, classify, constant_nodes, is_constant
+from .partition import Group, classify, constant_nodes, index_use, is_constant
 from .specs import Task, TensorSpec
 
 aten = torch.ops.aten
@@ -147,12 +147,13 @@ def _index_draws(node: fx.Node, nodes: list[fx.Node]) -> tuple[int | None, tuple
         for user in n.users:
             if user not in members:
                 continue
-            if user.target is aten.gather.default and user.args[2] is n and user.args[0] is not n:
+            use = index_use(user, n)
+            if use == "gather":
                 source = user.args[0].meta["val"]
                 sizes.add(source.shape[user.args[1] % source.dim()])
-            elif user.target in INDEX_COMPARE_OPS and user.args[0] is n:
+            elif use == "compare":
                 special.add(user.args[1])
-            elif user.target in INDEX_PASS_OPS and not (user.target is aten.where.self and user.args[0] is n):
+            elif use == "pass":
                 frontier.append(user)
             else:
                 return None, ()
