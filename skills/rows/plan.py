@@ -8,8 +8,9 @@ built from them, per-row inputs, constants). A reduction whose input needs anoth
 (softmax's sum needs the max) runs one pass later: pass k combines the reductions of level k,
 then computes the per-row values they make ready. The epilogue pass computes element outputs.
 
-Rounding follows Inductor, not eager: values stay fp32 between ops and are rounded only where
-the graph converts (convert_element_type to fp16/bf16) and where an output is stored. Reductions
+Rounding follows Inductor, not eager: values stay fp32 between ops, through the graph's
+conversions to fp16/bf16 too (Inductor computes them in their compute type, fp32, while
+emulate_precision_casts is off), and are rounded only where an output is stored. Reductions
 accumulate in fp32; var is two-pass (the mean, then the sum of squared deviations from it).
 
 A scan is an element value: the running sum of its source along the row, up to and including the
@@ -31,13 +32,14 @@ from skills.pointwise import dtypes
 from skills.pointwise.dtypes import cast, dtype_info, literal, operand_info
 from skills.pointwise.errors import Unsupported
 from skills.pointwise.layout import coalesce, is_dense, vector_width
-from skills.pointwise.ops import CONVERSIONS, OP_RULES, OpArgs, Value
+from skills.pointwise.ops import OP_RULES, OpArgs, Value
 from agent_backend.partition import bind_arguments, is_reshape
 from skills.pointwise.plan import graph_interface, meta_result
 
 from .placement import Axes, Placement, meta_shape, reduced_axes, refine, runs, space_dims
 
 aten = torch.ops.aten
+IOTA = torch.ops.prims.iota.default
 
 # reduction op -> what it computes
 REDUCTIONS = {
@@ -213,6 +215,7 @@ class _Builder:
         self.sources: dict[Node, int] = {p: k for k, p in enumerate(placeholders)}
         self.reductions: list[Node] = []
         self.gathers: list[Node] = []  # one element of each row, by a per-row index
+        self.iotas: list[Node] = []  # each element's place along its row (a one-hot mask's column index)
         self.scans: list[Node] = []
 
     # -- the graph -----------------------------------------------------------------------
@@ -227,9 +230,12 @@ class _Builder:
         if not used_inputs:
             raise Unsupported("the task reads no input")
         outer, inner, strides, primary = self._layout(space, dims, placement, per_row, used_inputs)
-        if self.gathers and len(inner) != 1:  # the gather's test compares the element's place in its row
-            raise Unsupported(f"a gather over rows of {len(inner)} dims not supported")
+        if (self.gathers or self.iotas) and len(inner) != 1:  # both take the element's place in its row
+            raise Unsupported(f"a gather or iota over rows of {len(inner)} dims not supported")
         along = _along_rows(strides[used_inputs.index(primary)])
+        for iota in self.iotas:  # the place of the element along the row, as the kernel counts it
+            if placement.axes[iota] != (tuple(sorted(dims)),) or not along:
+                raise Unsupported(f"{iota.name} does not run along the rows the reductions reduce")
         if self.scans and (len(inner) != 1 or not along):
             raise Unsupported("a scan along rows that are not one dim of consecutive elements not supported")
         # one access per distinct read: GroupNorm reads x as itself and through the view the
@@ -243,7 +249,7 @@ class _Builder:
             access_of[n] = unique.index(access)
         accesses = tuple(unique)
         program = _Program(self, placement, per_row, access_of, accesses, space, dims)
-        outputs = tuple(Output(spec, o, i, program.stored(node), per_row[node]) for spec, node, (o, i) in zip(
+        outputs = tuple(Output(spec, o, i, program.var(node), per_row[node]) for spec, node, (o, i) in zip(
             self.task.outputs, self.out_nodes, strides[len(used_inputs):]))
         passes, prelude, epilogue = program.passes(self.out_nodes)
         reads = [set(p.reads) for p in passes] + [set(epilogue.reads)]
@@ -301,8 +307,10 @@ class _Builder:
                     if not self.metas[node]._is_view():
                         raise Unsupported(f"{node.name} copies input {self.sources[source]} (no view has its shape)")
                     self.sources[node] = self.sources[source]
-            elif node.target in OP_RULES:
+            elif node.target in OP_RULES or node.target is IOTA:
                 self.metas[node] = meta_result(node, self.metas)
+                if node.target is IOTA:
+                    self.iotas.append(node)
             else:
                 raise Unsupported(f"op {node.target} not supported")
             for value in _tensors(self.metas[node]):
@@ -439,7 +447,6 @@ class _Program:
         self.finals: dict[int, list[str]] = {}  # level -> per-row lines finishing its reductions
         self.mean_of: dict[Node, Value] = {}  # var_mean -> its mean
         self.reciprocals: dict[str, tuple[str, int, str]] = {}  # divisor -> (variable, level, its line)
-        self.unrounded: dict[Node, str] = {}  # a rounding convert -> the expression it rounds
         # A bf16 program computes in fp32 (softmax, cross-entropy); where every output is fp16/bf16
         # the fast exp and division (few fp32 ulps, Triton's own forms) are hidden by that rounding
         # and keep an exp-heavy row from being bound by the accurate expf's instructions.
@@ -451,12 +458,6 @@ class _Program:
 
     def var(self, node: Node) -> str:
         return self.values[node].var
-
-    def stored(self, node: Node) -> str:
-        """What an output of `node` stores: a convert's operand, not its rounded value, where the
-        store's own rounding to that dtype gives the same bits (rounding to nearest is
-        idempotent) and rounding twice costs two conversions and a shift an element."""
-        return self.unrounded.get(node, self.var(node))
 
     def _render(self, node: Node) -> None:
         b = self.b
@@ -478,6 +479,13 @@ class _Program:
             return
         if node.target is aten.gather.default:
             self._render_gather(node)
+            return
+        if node.target is IOTA:  # the element's place in its row: j0 + v in the kernel's sweeps
+            bound = bind_arguments(node)
+            self.values[node] = Value(f"v{len(self.values)}", meta.dtype)
+            start, step = (literal(bound.get(k, d), "long long") for k, d in (("start", 0), ("step", 1)))
+            self.statements[node] = [f"const long long {self.var(node)} = {start} + {step} * (long long)(j0 + v);"]
+            self.ready[node] = -1
             return
         if node.target in SCANS:  # the kernel's scan computes it (codegen), unless rows have one element
             if self.values[node.args[0]].dtype not in (torch.float32, torch.float16, torch.bfloat16):
@@ -507,9 +515,6 @@ class _Program:
         if (node.target is aten.div.Tensor and args.fast and bound.get("rounding_mode") is None
                 and isinstance(other, Node) and self.per_row[other] and not self.per_row[node]):
             expr = f"({args['self']} * {self._reciprocal(args['other'], self.ready[other])})"
-        if node.target in CONVERSIONS and info.round != "{}":  # where the graph rounds, so do we
-            self.unrounded[node] = expr
-            expr = info.round.format(expr)
         var = f"v{len(self.values)}"
         self.values[node] = Value(var, meta.dtype)
         self.statements[node] = [f"const {info.ctype} {var} = {expr};"]
@@ -614,6 +619,8 @@ class _Program:
         source, index = node.args[0], self.values[node.args[2]]
         if self.values[source].dtype not in (torch.float32, torch.float16, torch.bfloat16):
             raise Unsupported(f"gather of a {self.values[source].dtype} value not supported")
+        if any(n.target is IOTA for n in self._needed([source])):  # its place here is `at`, not j0 + v
+            raise Unsupported(f"{node.name} gathers a value made from a column index")
         reads, body = self._element_work([source])
         n = len(self.values)
         nan = literal(float("nan"), "float")
