@@ -6,8 +6,9 @@ attention written by hand (batched matmul, scale, mask, softmax, batched matmul)
 attention call with the views before it, and a matmul whose output is summed or averaged. Then
 an anchor (matmul, conv, reduction, a scan: cumsum) takes its pointwise prologue and epilogue (a
 reduction also the views its epilogue goes on through), reductions over the same rows fuse with
-the pointwise work between them (softmax, norms), a reduction group holding a gather takes the
-integer ops that make its index and masks (cross-entropy's target != -100), and chains of the
+the pointwise work between them (softmax, norms), a reduction group holding a gather or reading
+a one-hot mask takes the integer ops that make its index and masks (cross-entropy's
+target != -100, and its backward's one-hot eq(target, iota)), and chains of the
 pointwise nodes left over form groups. Every group is checked to be convex (no path leaves it
 and comes back), so replacing it with one call can never make a cycle. Constants (nodes computed from no input, such
 as the causal masks transformers builds from iota) belong to no group; a task computes those its
@@ -53,7 +54,12 @@ ANCHOR_KINDS = ("matmul", "conv", "reduction", "softmax", "norm", "scan")
 # element): a compare of an integer tensor with an integer scalar (a bool result), and where and
 # views whose integer results go on only to gathers' indices (index_only).
 INDEX_COMPARE_OPS = {aten.ne.Scalar, aten.eq.Scalar}
-INDEX_PASS_OPS = {aten.where.self, aten.unsqueeze.default, aten.squeeze.dim, aten.view.default, aten.reshape.default}
+INDEX_PASS_OPS = {aten.where.self, aten.unsqueeze.default, aten.squeeze.dim, aten.view.default, aten.reshape.default,
+                  aten.expand.default}
+# A compare of an integer value with a column index (iota along the row): cross-entropy's backward
+# makes its one-hot target mask so, eq(expand(target), iota(classes)).
+COLUMN_COMPARE_OPS = {aten.eq.Tensor, aten.ne.Tensor}
+COLUMN_INDEX_OPS = {torch.ops.prims.iota.default} | VIEW_OPS
 # Reductions a matmul's output may flow into, for a rewrite to fold into a matrix-vector product.
 RESHAPE_OPS = {aten.view.default, aten.reshape.default, aten._unsafe_view.default}
 LINEAR_REDUCTION_OPS = {aten.sum.dim_IntList, aten.sum.default, aten.mean.dim, aten.mean.default}
@@ -175,14 +181,27 @@ def _is_integer(val) -> bool:
                                                   or val.dtype == torch.bool)
 
 
+def column_index(node: fx.Node) -> int | None:
+    """The length of the iota that constant `node` is, seen through views (a column index: each
+    element's place along one dim), else None."""
+    nodes = constant_nodes(node)
+    iotas = [n for n in nodes or () if n.target is torch.ops.prims.iota.default]
+    if len(iotas) != 1 or not all(n.target in COLUMN_INDEX_OPS for n in nodes):
+        return None
+    return iotas[0].args[0] if isinstance(iotas[0].args[0], int) else None
+
+
 def index_use(user: fx.Node, node: fx.Node) -> str | None:
-    """How `user` uses the integer value `node` in making a gather's index: "gather" (its index
-    argument), "compare" (with an integer scalar, INDEX_COMPARE_OPS: a bool mask), "pass" (a where
+    """How `user` uses the integer value `node` in making a gather's index or a one-hot mask:
+    "gather" (its index argument), "compare" (with an integer scalar, INDEX_COMPARE_OPS: a bool
+    mask), "column" (with a column index, COLUMN_COMPARE_OPS, either side), "pass" (a where
     branch or a view, INDEX_PASS_OPS, with an integer result, used so in turn); else None."""
     if user.target is aten.gather.default and user.args[2] is node and user.args[0] is not node:
         return "gather"
     if user.target in INDEX_COMPARE_OPS and user.args[0] is node and _is_integer_scalar(user.args[1]):
         return "compare"
+    if user.target in COLUMN_COMPARE_OPS and node in user.args[:2] and _compares_with_a_column(user):
+        return "column"
     if (user.target in INDEX_PASS_OPS and _is_integer(user.meta.get("val"))
             and not (user.target is aten.where.self and user.args[0] is node)):  # never the condition
         return "pass"
@@ -194,8 +213,15 @@ def index_only(node: fx.Node, depth: int = 0) -> bool:
     steps on."""
     if not node.users or depth > 4:
         return False
-    return all((use := index_use(u, node)) in ("gather", "compare") or (use == "pass" and index_only(u, depth + 1))
-               for u in node.users)
+    return all((use := index_use(u, node)) in ("gather", "compare", "column")
+               or (use == "pass" and index_only(u, depth + 1)) for u in node.users)
+
+
+def _compares_with_a_column(node: fx.Node) -> bool:
+    """An integer compare of two tensors, one of them a column index."""
+    a, b = node.args[:2]
+    return (isinstance(a, fx.Node) and isinstance(b, fx.Node) and _is_integer(a.meta.get("val"))
+            and _is_integer(b.meta.get("val")) and (column_index(a) is not None or column_index(b) is not None))
 
 
 def _is_integer_scalar(value) -> bool:
@@ -203,8 +229,9 @@ def _is_integer_scalar(value) -> bool:
 
 
 def _index_op(node: fx.Node) -> Claim | None:
-    """Claim("index") for an op on integer tensors that prepares a gather's index (INDEX_COMPARE_OPS,
-    INDEX_PASS_OPS; static shapes), else None. Only a group holding a gather takes one in."""
+    """Claim("index") for an op on integer tensors that prepares a gather's index or a mask on the
+    row (INDEX_COMPARE_OPS, COLUMN_COMPARE_OPS, INDEX_PASS_OPS; static shapes), else None. Only a
+    reduction group holding a gather, or reading a one-hot mask (_Partitioner.one_hot), takes one in."""
     vals = [a.meta.get("val") for a in node.all_input_nodes] + [node.meta.get("val")]
     if not any(_is_integer(v) for v in vals) or not all(isinstance(v, torch.Tensor) for v in vals):
         return None
@@ -214,6 +241,8 @@ def _index_op(node: fx.Node) -> Claim | None:
         source = node.args[0]
         ok = isinstance(source, fx.Node) and _is_integer(source.meta.get("val")) and _is_integer_scalar(node.args[1])
         return Claim("index") if ok else None
+    if node.target in COLUMN_COMPARE_OPS:
+        return Claim("index") if _compares_with_a_column(node) else None
     if node.target in INDEX_PASS_OPS and _is_integer(vals[-1]) and index_only(node):
         if node.target is aten.where.self and vals[0].dtype != torch.bool:
             return None
@@ -525,7 +554,8 @@ class _Partitioner:
                 return self.pointwise_epilogue(u) and not _widens_into_a_reduction(u)
             return self.pointwise_epilogue(u) or (rows is not None and same_rows(u))
         self.grow(members, epilogue)
-        if any(self.kind(m) == "gather" for m in members):  # the index's making and the masks on it
+        if rows is not None and any(self.kind(m) == "gather" or self.one_hot(p)
+                                    for m in members for p in m.all_input_nodes):  # an index's making, masks on it
             index_work = lambda p: self.kind(p) in ("pointwise", "view", "constant", "index")  # noqa: E731
             self.grow(members, lambda u: False, prologue=index_work)
             # a compare used outside too (a loss's mean counts the rows it keeps): made here and written out,
@@ -534,6 +564,11 @@ class _Partitioner:
                 if self.kind(p) == "index":
                     self.try_add(members, p)
         self.add_group(kind, members)
+
+    def one_hot(self, node: fx.Node) -> bool:
+        """A compare with a column index (its integer operand drawn in bounds of the row: a mask of
+        token ids compared with a scalar alone would be drawn as zeros and that scalar)."""
+        return self.kind(node) == "index" and node.target in COLUMN_COMPARE_OPS
 
     def view_to_pointwise(self, node: fx.Node) -> bool:
         """A view whose users are all pointwise, or views that lead on to pointwise work: in a

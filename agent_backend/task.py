@@ -16,7 +16,7 @@ import operator
 import torch
 import torch.fx as fx
 
-from .partition import Group, classify, constant_nodes, index_use, is_constant
+from .partition import Group, classify, column_index, constant_nodes, index_use, is_constant
 from .specs import Task, TensorSpec
 
 aten = torch.ops.aten
@@ -131,8 +131,8 @@ def _spec(node: fx.Node, draws: tuple[int | None, tuple[int, ...]] = (None, ()))
 
 
 def _index_draws(node: fx.Node, nodes: list[fx.Node]) -> tuple[int | None, tuple[int, ...]]:
-    """For an integer input that `nodes` use only to make a gather's index (partition.index_only):
-    the size of the dim it indexes, and the scalars it is compared with (random inputs for the
+    """For an integer input that `nodes` use only to make a gather's index or a one-hot mask
+    (partition.index_only): the size of the dim it indexes, and the scalars it is compared with (random inputs for the
     task must lie in bounds, zeros would not tell a kernel that gathers the right element from one
     that reads the first, and draws that never equal cross-entropy's ignore_index would not tell
     one that masks those rows). (None, ()) for any other input."""
@@ -153,6 +153,8 @@ def _index_draws(node: fx.Node, nodes: list[fx.Node]) -> tuple[int | None, tuple
                 sizes.add(source.shape[user.args[1] % source.dim()])
             elif use == "compare":
                 special.add(user.args[1])
+            elif use == "column":  # matched against each place along a row: in bounds of it
+                sizes.update(column_index(a) for a in user.args[:2] if a is not n)
             elif use == "pass":
                 frontier.append(user)
             else:

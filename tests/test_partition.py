@@ -5,7 +5,7 @@ import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from agent_backend.graph_pass import worth_a_search
-from agent_backend.partition import _Graph, classify, partition
+from agent_backend.partition import _Graph, classify, index_use, partition
 
 
 def _graph(fn, *inputs):
@@ -192,6 +192,34 @@ def test_a_compare_the_mean_shares_is_made_in_the_row_group_and_written_out():
     (rows,) = [gr for gr in partition(g) if "gather" in _ops(gr)]
     (ne,) = [n for n in g.nodes if n.target is torch.ops.aten.ne.Scalar]
     assert ne in rows.nodes and any(u not in rows.nodes for u in ne.users)
+
+
+def _one_hot_backward(logp, t, g):
+    """Cross-entropy's backward as the post-grad graph has it: the one-hot of each row's target,
+    eq(expand(where(t != -100, t, 0)), iota), times the masked gradient, less softmax x its sum."""
+    keep = t.unsqueeze(1) != -100
+    iota = torch.ops.prims.iota(16, start=0, step=1, dtype=torch.int64, device=torch.device("cpu"),
+                                requires_grad=False)
+    hot = torch.where(keep, t.unsqueeze(1), 0).expand(8, 16) == iota.reshape(1, 16)
+    grad = torch.where(hot, -1.0, 0.0) * torch.where(keep, g, 0.0)
+    return grad - logp.exp() * grad.sum(1, keepdim=True)
+
+
+def test_cross_entropy_backwards_one_hot_is_made_in_its_row_group():
+    """From the target itself: no bool mask of the logits' shape is the group's input (Inductor
+    wrote one before the group, 131 MB at 4096 x 32000, for the group to read again)."""
+    g = _graph(_one_hot_backward, torch.randn(8, 16), torch.arange(8), torch.tensor(0.5))
+    (rows,) = [gr for gr in partition(g) if gr.kind == "reduction"]
+    assert {"eq", "iota", "expand", "ne", "where", "sum"} <= set(_ops(rows))
+    target = next(n for n in g.nodes if n.op == "placeholder" and n.meta["val"].dtype == torch.int64)
+    assert all(u in rows.nodes for u in target.users)
+    eq = next(n for n in g.nodes if n.target is torch.ops.aten.eq.Tensor)
+    assert classify(eq).kind == "index" and index_use(eq, eq.args[0]) == "column"
+    # compared with another integer tensor rather than a column index, it is no index work
+    g = _graph(lambda x, t, u: torch.where(t.unsqueeze(1) == u, -1.0, 0.0).sum(1) + x.sum(1),
+               torch.randn(8, 16), torch.arange(8), torch.arange(16).reshape(1, 16))
+    eq = next(n for n in g.nodes if n.target is torch.ops.aten.eq.Tensor)
+    assert classify(eq).kind is None and all(eq not in gr.nodes for gr in partition(g))
 
 
 def test_integer_compares_join_no_group_without_a_gather():

@@ -16,7 +16,8 @@ from skills.rows.candidates import launch_arguments, launch_configs
 from skills.rows.codegen import Launch, kernel_source
 from skills.rows.plan import build_plan
 from test_rows_template import (BACKWARD, CASES, _cross_entropy_tasks, assert_computes_the_task, backward_tasks,
-                                case_task, resized, scan_task)
+                                case_task, cross_entropy_backward_task, resized, scan_task,
+                                traced_row_tasks)
 
 pytestmark = [pytest.mark.skipif(compiler() is None, reason="needs a C++ compiler"), pytest.mark.slow]
 
@@ -50,11 +51,47 @@ def test_cross_entropy_losses_gather_each_rows_target(dtype, tmp_path):
             _check(task, launch, tmp_path, seed, plan)
 
 
+@pytest.mark.parametrize("dtype", [f32, bf16])
+def test_cross_entropy_backward_makes_each_rows_one_hot(dtype, tmp_path):
+    """Every launch, on targets drawn over the row and as the ignore_index (a kernel counting the
+    element's place wrongly, or not masking ignored rows, would fail)."""
+    task = cross_entropy_backward_task(dtype, 6, 200)
+    for seed, launch in enumerate(launch_configs(build_plan(task))):
+        _check(task, launch, tmp_path, seed)
+
+
 @pytest.mark.parametrize("name, dtype", BACKWARD)
 def test_backward_tasks_compute_their_gradients(name, dtype, tmp_path):
     for task in backward_tasks(name, dtype):
         for launch in launch_configs(build_plan(task)):
             _check(task, launch, tmp_path)
+
+
+class _RecomputedProbabilities(torch.nn.Module):
+    """Cross-entropy's backward in a bf16 training graph: the log-probabilities converted to bf16
+    and back before their exp, then scaled by a per-row sum."""
+
+    def forward(self, x, lse):
+        p = torch.exp((x.float() - lse).to(torch.bfloat16).float())
+        return (p * p.sum(-1, keepdim=True)).to(torch.bfloat16)
+
+
+def test_a_conversion_to_bf16_within_the_row_keeps_fp32(tmp_path):
+    """As Inductor computes it (emulate_precision_casts off): log-probabilities near -10 rounded to
+    bf16 move by up to 1/32, so their exp by up to 3%, where the output's own rounding is 0.4%.
+    An H200's in-context check of a language model's head measured its weight gradient 4x less
+    accurate than Inductor's that way (2026-11-27) and dropped the kernel."""
+    torch.manual_seed(0)
+    x = (torch.randn(4, 1000) * 2).to(bf16)
+    lse = torch.full((4, 1), 10.0) + torch.rand(4, 1)
+    (task,) = traced_row_tasks(_RecomputedProbabilities(), [x, lse])
+    plan = build_plan(task.on_device("cuda"))  # the kernel a GPU would get
+    p = torch.exp(x.double() - lse.double())
+    expected = p * p.sum(-1, keepdim=True)
+    for launch in launch_configs(plan)[:2]:
+        (got,) = run(kernel_source(plan, "k", launch), "k", launch_arguments(plan, launch), [x, lse],
+                     list(task.outputs), tmp_path)
+        assert ((got.double() - expected).abs() / expected).max() <= 2 ** -8, launch  # one rounding, to bf16
 
 
 # (task, launch): long-row shapes on rows short enough to emulate. Shared-memory rows, register

@@ -16,8 +16,8 @@ import torch.nn.functional as F
 from agent_backend.env import Environment, Timeouts
 from agent_backend.specs import Task, random_inputs
 from skills.rows import propose
-from test_rows_template import (BACKWARD, CASES, SCAN_CASES, Fn, assert_computes_the_task, backward_tasks, resized,
-                                traced_row_tasks)
+from test_rows_template import (BACKWARD, CASES, SCAN_CASES, Fn, assert_computes_the_task, backward_tasks,
+                                cross_entropy_backward_task, resized, traced_row_tasks)
 
 pytestmark = pytest.mark.gpu
 
@@ -140,6 +140,16 @@ def test_cross_entropy_losses(env, dtype, rows, classes):
     assert "aten.gather.default" in losses.ops and (target.high, target.special) == (classes, (-100,))
     _assert_candidates_match_eager(losses, random_inputs(losses.inputs, 0, scale=2.0, device="cuda"))
     _assert_all_pass(env, losses)
+
+
+@pytest.mark.parametrize("dtype, rows, classes", [(bf16, 7, 32000), (f32, 3, 50257), (bf16, 300, 32000)], ids=str)
+def test_cross_entropy_backward(env, dtype, rows, classes):
+    """The logits' gradient, each row's one-hot made in the kernel from its target (drawn over the
+    row and as the ignore_index): a vocabulary's rows, an odd one (no vector access), more rows
+    than SMs."""
+    task = cross_entropy_backward_task(dtype, rows, classes)
+    _assert_candidates_match_eager(task, random_inputs(task.inputs, 0, scale=2.0, device="cuda"))
+    _assert_all_pass(env, task)
 
 
 def test_strided_rows_and_unaligned_inputs_take_the_scalar_fallback(env):

@@ -211,9 +211,9 @@ def test_softmax_plan_holds_the_row_and_takes_three_passes():
     assert (plan.outer, plan.inner, plan.along_rows, plan.vector_width) == ((8,), (1000,), True, 8)
     assert [[p.combine for p in ps.partials] for ps in plan.passes] == [["max"], ["sum"]]
     assert plan.stored == (0,)  # read by both passes and the epilogue: held on chip
-    assert plan.epilogue.body[-1] == "const float v7 = round_bf16(v6);"  # rounded where the graph converts
-    assert plan.outputs[0].value == "v6"  # but stored unrounded: the store's rounding is the same, once
-    assert not any("round_" in line for ps in plan.passes for line in ps.body)
+    assert plan.epilogue.body[-1] == "const float v7 = v6;"  # the graph's conversion to bf16: fp32, as Inductor's
+    assert plan.outputs[0].value == "v7"  # rounded once, by the store
+    assert not any("round_" in line for ps in plan.passes + (plan.epilogue,) for line in ps.body)
 
 
 def test_softmax_keeps_its_exp_and_multiplies_by_the_sums_reciprocal():
@@ -453,6 +453,32 @@ def _cross_entropy_tasks(dtype: torch.dtype = f32, rows: int = 8, classes: int =
     return [_on_cuda(t) for t in traced_row_tasks(model, inputs)]
 
 
+@functools.cache
+def cross_entropy_backward_task(dtype: torch.dtype = f32, rows: int = 8, classes: int = 64) -> Task:
+    """Cross-entropy's backward row task: the one-hot of each row's target times the loss's
+    gradient, less the softmax times its row sum."""
+    x = _randn((rows, classes), dtype, "cpu").requires_grad_()
+    reports = trace_tasks(Fn(lambda x, t: F.cross_entropy(x, t)), [x, torch.arange(rows) % classes], backward=True,
+                          min_ops=1)
+    (task,) = [d.task for d in reports[-1].decisions if d.task is not None and d.task.kind == "reduction"]
+    return _on_cuda(task)
+
+
+@pytest.mark.parametrize("dtype", [f32, bf16])
+def test_cross_entropy_backward_makes_its_one_hot_from_the_target(dtype):
+    """eq(where(t != -100, t, 0), iota) in the kernel, the iota as each element's place in its
+    row: the sum of the one-hot reads nothing per element. Inductor wrote that mask before the
+    task as a bool of the logits' shape (131 MB at 4096 x 32000), for the task to read."""
+    task = cross_entropy_backward_task(dtype)
+    assert "prims.iota.default" in task.ops and "aten.eq.Tensor" in task.ops
+    assert supports(task) is None and not any(s.dtype == "bool" for s in task.inputs)
+    (target,) = [s for s in task.inputs if s.dtype == "int64"]
+    assert (target.shape, target.high, target.special) == ((8,), 64, (-100,))  # drawn over the row and as -100
+    plan = build_plan(task)
+    (one_hot_sum,) = plan.passes
+    assert one_hot_sum.reads == () and any("(long long)(j0 + v)" in line for line in one_hot_sum.body)
+
+
 def test_cross_entropy_is_a_loss_per_row_then_their_mean():
     """The target's log-probability is gathered in the log-softmax's group, so no log-softmax of
     the whole input is written (Inductor writes none either): each row's loss, then the mean. The
@@ -652,7 +678,7 @@ def test_a_scan_is_one_streaming_sweep(name, dtype):
     else:
         assert plan.scan.source in plan.scan.work.body[-1] and plan.epilogue.reads == (0,)
         assert plan.scan.value in plan.epilogue.body[0]
-        assert any("round_bf16" in line for line in plan.epilogue.body) == (dtype == bf16)
+        assert not any("round_" in line for line in plan.epilogue.body)  # the cast down stays fp32, as Inductor's
 
 
 def test_a_scan_that_rounds_its_input_sums_the_rounded_values():
