@@ -147,7 +147,7 @@ def test_cross_entropy_backward(env, dtype, rows, classes):
     """The logits' gradient, each row's one-hot made in the kernel from its target (drawn over the
     row and as the ignore_index): a vocabulary's rows, an odd one (no vector access), more rows
     than SMs."""
-    task = cross_entropy_backward_task(dtype, rows, classes)
+    task = cross_entropy_backward_task(dtype, rows, classes, "cuda")
     _assert_candidates_match_eager(task, random_inputs(task.inputs, 0, scale=2.0, device="cuda"))
     _assert_all_pass(env, task)
 

@@ -454,12 +454,13 @@ def _cross_entropy_tasks(dtype: torch.dtype = f32, rows: int = 8, classes: int =
 
 
 @functools.cache
-def cross_entropy_backward_task(dtype: torch.dtype = f32, rows: int = 8, classes: int = 64) -> Task:
+def cross_entropy_backward_task(dtype: torch.dtype = f32, rows: int = 8, classes: int = 64,
+                                device: str = "cpu") -> Task:
     """Cross-entropy's backward row task: the one-hot of each row's target times the loss's
-    gradient, less the softmax times its row sum."""
-    x = _randn((rows, classes), dtype, "cpu").requires_grad_()
-    reports = trace_tasks(Fn(lambda x, t: F.cross_entropy(x, t)), [x, torch.arange(rows) % classes], backward=True,
-                          min_ops=1)
+    gradient, less the softmax times its row sum (traced on `device`: its iota is made there)."""
+    x = _randn((rows, classes), dtype, device).requires_grad_()
+    target = torch.arange(rows, device=device) % classes
+    reports = trace_tasks(Fn(lambda x, t: F.cross_entropy(x, t)), [x, target], backward=True, min_ops=1)
     (task,) = [d.task for d in reports[-1].decisions if d.task is not None and d.task.kind == "reduction"]
     return _on_cuda(task)
 
