@@ -15,7 +15,7 @@ from cuda_emulation import compiler, run
 from skills.rows.candidates import launch_arguments, launch_configs
 from skills.rows.codegen import Launch, kernel_source
 from skills.rows.plan import build_plan
-from test_rows_template import (BACKWARD, CASES, _cross_entropy_tasks, assert_computes_the_task, backward_tasks,
+from test_rows_template import (BACKWARD, CASES, Fn, _cross_entropy_tasks, assert_computes_the_task, backward_tasks,
                                 case_task, cross_entropy_backward_task, resized, scan_task,
                                 traced_row_tasks)
 
@@ -58,6 +58,26 @@ def test_cross_entropy_backward_makes_each_rows_one_hot(dtype, tmp_path):
     task = cross_entropy_backward_task(dtype, 6, 200)
     for seed, launch in enumerate(launch_configs(build_plan(task))):
         _check(task, launch, tmp_path, seed)
+
+
+def _scaled_by_a_one_hot_sum(x, t):
+    iota = torch.ops.prims.iota(x.shape[1], start=0, step=1, dtype=torch.int64, device=x.device, requires_grad=False)
+    return x * torch.where(t.unsqueeze(1) == iota.reshape(1, -1), 2.0, 0.25).sum(1, keepdim=True)
+
+
+def test_a_one_hot_sum_counts_a_target_outside_the_row_at_no_place(tmp_path):
+    """The one-hot's sum in closed form (plan._one_hot_sum), with a value elsewhere that is not 0
+    (equal terms summed made a product) and targets before, at both ends of and past the row."""
+    x, t = torch.randn(4, 200), torch.tensor([-5, 0, 199, 200])
+    (task,) = traced_row_tasks(Fn(_scaled_by_a_one_hot_sum), [x, t])
+    plan = build_plan(task.on_device("cuda"))
+    assert plan.passes == ()
+    expected = x * torch.tensor([[50.0], [51.75], [51.75], [50.0]])  # 0.25 x 200, or 2 + 0.25 x 199
+    inputs = sorted([x, t], key=lambda a: [s.dtype for s in task.inputs].index(str(a.dtype).removeprefix("torch.")))
+    for launch in launch_configs(plan)[:3]:
+        (got,) = run(kernel_source(plan, "k", launch), "k", launch_arguments(plan, launch), inputs,
+                     list(task.outputs), tmp_path)
+        torch.testing.assert_close(got, expected, msg=str(launch))
 
 
 @pytest.mark.parametrize("name, dtype", BACKWARD)

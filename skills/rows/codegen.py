@@ -240,7 +240,7 @@ class _Writer:
         params = ([f"const {operand_info(s.torch_dtype).storage}* __restrict__ in{k}"
                    for k, s in enumerate(plan.inputs)]
                   + [f"{dtype_info(o.spec.torch_dtype).storage}* __restrict__ out{k}" for k, o in enumerate(plan.outputs)]
-                  + (["unsigned char* ws"] if self.S > 1 else []))
+                  + (["unsigned char* ws"] if workspace_bytes(plan, self.launch) else []))
         if self.launch.prefetch:
             lines = self._prefetching_rows()
         else:

@@ -584,7 +584,7 @@ class _Program:
         level = self.ready[source] + 1
         if self.values[source].dtype not in (torch.float32, torch.float16, torch.bfloat16):
             raise Unsupported(f"reduction of a {self.values[source].dtype} value not supported")
-        if self._online_sum(node):
+        if self._online_sum(node) or self._one_hot_sum(node, kind):
             return
         src = self.values[source].var
         n = len(self.values)
@@ -610,6 +610,48 @@ class _Program:
         dtype = _tensors(self.b.metas[node])[0].dtype
         self.values[node] = Value(var, dtype)
         self.statements[node] = []
+
+    def _one_hot_sum(self, node: Node, kind: str) -> bool:
+        """Renders a sum (or mean) over the row of an fp32 value made from per-row values and one
+        eq of a per-row integer k with the row's iota (a one-hot: cross-entropy's backward sums
+        its target's) once a row, with no pass over the row: the value where the eq holds times
+        the places it holds at (1 where k is in the row, else 0), plus the value elsewhere times
+        the rest. Exact where the terms elsewhere are 0, as a one-hot's are; else a product where
+        eager sums equal terms. The pass it replaced read nothing and cost a sixth of the
+        backward's time at 4096 x 32000 bf16 (an H200, 2026-11-27)."""
+        source = node.args[0]
+        needed = self._needed([source])
+        compares = [n for n in needed if n.target is aten.eq.Tensor]
+        iotas = [n for n in needed if n.target is IOTA]
+        if (kind not in ("sum", "mean") or self.values[source].dtype != torch.float32 or len(compares) != 1
+                or len(iotas) != 1 or any(n in self.access_of for n in needed)):
+            return False
+        (compare,), (iota,) = compares, iotas
+        column = {n for n in needed if self.values.get(n) is self.values[iota]}  # the iota and its views
+        (k,) = [a for a in compare.args[:2] if a not in column] or [None]
+        while k is not None and k.target in VIEWS and not self.per_row[k]:  # the per-row value it broadcasts
+            k = k.args[0]
+        bound = bind_arguments(iota)
+        if (k is None or not self.per_row.get(k, False) or bound.get("step", 1) != 1
+                or any(a in column for n in needed - column - {compare} for a in n.all_input_nodes)):
+            return False
+        start = bound.get("start", 0)
+        _, _, body = self._work(needed - column - {compare}, [])
+        n, src, length = len(self.values), self.var(source), self.row_length
+        lines = [f"float hot{n}, cold{n};"]
+        for name, holds in ((f"hot{n}", "true"), (f"cold{n}", "false")):
+            lines += ["{", f"  const bool {self.var(compare)} = {holds};", *("  " + line for line in body),
+                      f"  {name} = {src};", "}"]
+        k_var = self.var(k)
+        lines += [f"const long long hits{n} = ({k_var} >= {start}LL && {k_var} < {start + length}LL) ? 1 : 0;",
+                  f"const double total{n} = (hits{n} ? (double)hot{n} : 0.0)"
+                  f" + (hits{n} < {length} ? (double)cold{n} * (double)({length} - hits{n}) : 0.0);",
+                  f"const float v{n} = (float)(total{n}{'' if kind == 'sum' else f' / {self._n}'});"]
+        self.values[node] = Value(f"v{n}", torch.float32)
+        self.statements[node] = lines
+        self.ready[node] = max((self.ready[a] for m in needed for a in m.all_input_nodes
+                                if self.per_row.get(a, True) and a in self.ready), default=-1)
+        return True
 
     def _render_gather(self, node: Node) -> None:
         """The element of each row at its index: once the source is ready, every thread of the
