@@ -132,10 +132,11 @@ def _spec(node: fx.Node, draws: tuple[int | None, tuple[int, ...]] = (None, ()))
 
 def _index_draws(node: fx.Node, nodes: list[fx.Node]) -> tuple[int | None, tuple[int, ...]]:
     """For an integer input that `nodes` use only to make a gather's index or a one-hot mask
-    (partition.index_only): the size of the dim it indexes, and the scalars it is compared with (random inputs for the
-    task must lie in bounds, zeros would not tell a kernel that gathers the right element from one
-    that reads the first, and draws that never equal cross-entropy's ignore_index would not tell
-    one that masks those rows). (None, ()) for any other input."""
+    (partition.index_only): the size of the dim it indexes (or of the iota it is compared with),
+    and the scalars it is compared with (random inputs for the task must lie in bounds, zeros
+    would not tell a kernel that gathers the right element from one that reads the first, and
+    draws that never equal cross-entropy's ignore_index would not tell one that masks those
+    rows). (None, ()) for any other input."""
     val = node.meta.get("val")
     if not isinstance(val, torch.Tensor) or val.dtype.is_floating_point or val.dtype == torch.bool:
         return None, ()

@@ -234,7 +234,7 @@ class _Builder:
             raise Unsupported(f"a gather or iota over rows of {len(inner)} dims not supported")
         along = _along_rows(strides[used_inputs.index(primary)])
         for iota in self.iotas:  # the place of the element along the row, as the kernel counts it
-            if placement.axes[iota] != (tuple(sorted(dims)),) or not along:
+            if placement.axes[iota] != (tuple(sorted(dims)),) or not along or self.scans:
                 raise Unsupported(f"{iota.name} does not run along the rows the reductions reduce")
         if self.scans and (len(inner) != 1 or not along):
             raise Unsupported("a scan along rows that are not one dim of consecutive elements not supported")
