@@ -59,7 +59,8 @@ INDEX_PASS_OPS = {aten.where.self, aten.unsqueeze.default, aten.squeeze.dim, ate
 # A compare of an integer value with a column index (iota along the row): cross-entropy's backward
 # makes its one-hot target mask so, eq(expand(target), iota(classes)).
 COLUMN_COMPARE_OPS = {aten.eq.Tensor, aten.ne.Tensor}
-COLUMN_INDEX_OPS = {torch.ops.prims.iota.default} | VIEW_OPS
+IOTA = torch.ops.prims.iota.default
+COLUMN_INDEX_OPS = {IOTA} | VIEW_OPS
 # Reductions a matmul's output may flow into, for a rewrite to fold into a matrix-vector product.
 RESHAPE_OPS = {aten.view.default, aten.reshape.default, aten._unsafe_view.default}
 LINEAR_REDUCTION_OPS = {aten.sum.dim_IntList, aten.sum.default, aten.mean.dim, aten.mean.default}
@@ -185,7 +186,7 @@ def column_index(node: fx.Node) -> int | None:
     """The length of the iota that constant `node` is, seen through views (a column index: each
     element's place along one dim), else None."""
     nodes = constant_nodes(node)
-    iotas = [n for n in nodes or () if n.target is torch.ops.prims.iota.default]
+    iotas = [n for n in nodes or () if n.target is IOTA]
     if len(iotas) != 1 or not all(n.target in COLUMN_INDEX_OPS for n in nodes):
         return None
     return iotas[0].args[0] if isinstance(iotas[0].args[0], int) else None

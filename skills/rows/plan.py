@@ -33,13 +33,12 @@ from skills.pointwise.dtypes import cast, dtype_info, literal, operand_info
 from skills.pointwise.errors import Unsupported
 from skills.pointwise.layout import coalesce, is_dense, vector_width
 from skills.pointwise.ops import OP_RULES, OpArgs, Value
-from agent_backend.partition import bind_arguments, is_reshape
+from agent_backend.partition import IOTA, bind_arguments, is_reshape
 from skills.pointwise.plan import graph_interface, meta_result
 
 from .placement import Axes, Placement, meta_shape, reduced_axes, refine, runs, space_dims
 
 aten = torch.ops.aten
-IOTA = torch.ops.prims.iota.default
 
 # reduction op -> what it computes
 REDUCTIONS = {
@@ -76,6 +75,12 @@ def _fast_sum_term(args: OpArgs) -> bool:
     """Whether an exp(y - max(y)) summed over the row takes FTZ_EXP: in fp32, or rounded to
     fp16/bf16 (never fp64)."""
     return args.fast or args.dtype == torch.float32
+
+
+def _iota_range(iota: Node) -> tuple[int, int]:
+    """An iota's start and step (prims.iota's defaults where the graph leaves them out)."""
+    bound = bind_arguments(iota)
+    return bound.get("start", 0), bound.get("step", 1)
 
 
 @dataclass(frozen=True)
@@ -481,9 +486,8 @@ class _Program:
             self._render_gather(node)
             return
         if node.target is IOTA:  # the element's place in its row: j0 + v in the kernel's sweeps
-            bound = bind_arguments(node)
             self.values[node] = Value(f"v{len(self.values)}", meta.dtype)
-            start, step = (literal(bound.get(k, d), "long long") for k, d in (("start", 0), ("step", 1)))
+            start, step = (literal(k, "long long") for k in _iota_range(node))
             self.statements[node] = [f"const long long {self.var(node)} = {start} + {step} * (long long)(j0 + v);"]
             self.ready[node] = -1
             return
@@ -632,11 +636,10 @@ class _Program:
         (k,) = [a for a in compare.args[:2] if a not in column] or [None]
         while k is not None and k.target in VIEWS and not self.per_row[k]:  # the per-row value it broadcasts
             k = k.args[0]
-        bound = bind_arguments(iota)
-        if (k is None or not self.per_row.get(k, False) or bound.get("step", 1) != 1
+        start, step = _iota_range(iota)
+        if (k is None or not self.per_row.get(k, False) or step != 1
                 or any(a in column for n in needed - column - {compare} for a in n.all_input_nodes)):
             return False
-        start = bound.get("start", 0)
         _, _, body = self._work(needed - column - {compare}, [])
         n, src, length = len(self.values), self.var(source), self.row_length
         lines = [f"float hot{n}, cold{n};"]
