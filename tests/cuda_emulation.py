@@ -19,7 +19,7 @@ from agent_backend.specs import TensorSpec
 from skills.pointwise.codegen import CONVERSIONS
 from skills.pointwise.dtypes import dtype_info, operand_info
 from skills.pointwise.ops import _FAST, NAN_MIN_MAX
-from skills.rows.codegen import PREFETCH_FUNCTION
+from skills.rows.codegen import PREFETCH_FUNCTION, STREAM_LOAD_FUNCTION
 
 EMULATOR = Path(__file__).with_name("cuda_emulator")
 
@@ -57,6 +57,10 @@ inline void rows_prefetch16(void* to, const void* from) { std::memcpy(to, from, 
 inline void rows_prefetch_commit() {}
 inline void rows_prefetch_wait() {}
 """
+# codegen.STREAM_LOAD_FUNCTION: a plain load (where the line goes is the GPU's business).
+_EMULATED_STREAM_LOAD = r"""
+template <typename T> inline T rows_ld_stream(const T* p) { return *p; }
+"""
 
 
 FLAGS = ("-std=c++20", "-O1", "-pthread", "-w")
@@ -81,7 +85,7 @@ def emulated_source(source: str) -> str:
     """`source` as C++ for the emulator."""
     assert CONVERSIONS in source and _FAST in source
     source = source.replace(CONVERSIONS, _EMULATED_CONVERSIONS).replace(_FAST, _EMULATED_FAST).replace(NAN_MIN_MAX, "")
-    source = source.replace(PREFETCH_FUNCTION, _EMULATED_PREFETCH)
+    source = source.replace(PREFETCH_FUNCTION, _EMULATED_PREFETCH).replace(STREAM_LOAD_FUNCTION, _EMULATED_STREAM_LOAD)
     source = source.replace("#include <cooperative_groups.h>\n", "")
     source = re.sub(r"extern __shared__ __align__\(16\) unsigned char (\w+)\[\];",
                     r"unsigned char* \1 = emu::dynamic_shared();", source)

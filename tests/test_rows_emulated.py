@@ -34,11 +34,23 @@ def _check(task: Task, launch: Launch, workdir, seed: int = 0, plan=None) -> Non
 
 @pytest.mark.parametrize("name, dtype", [(n, dt) for n in CASES for dt in (f32, bf16)])
 def test_every_proposed_launch_computes_the_task(name, dtype, tmp_path):
-    """Under both plans where a sum of exp may be taken online (plans() tries the held one on short rows)."""
+    """Under both plans where a sum of exp may be taken online (plans() tries the held one on short rows).
+    A shape's twin loading past L1 (no_l1) differs only in its loads, which the emulator makes plain:
+    test_launches_loading_past_l1_compute_the_task."""
     task = case_task(name, dtype)
     for plan in dict.fromkeys([build_plan(task), build_plan(task, online=True)]):
         for launch in launch_configs(plan):
-            _check(task, launch, tmp_path, plan=plan)
+            if not launch.no_l1:
+                _check(task, launch, tmp_path, plan=plan)
+
+
+@pytest.mark.parametrize("name", ["logsumexp", "mse_loss", "mean_dim1"])
+def test_launches_loading_past_l1_compute_the_task(name, tmp_path):
+    task = case_task(name, bf16)
+    plan = build_plan(task)
+    launch = next(c for c in launch_configs(plan) if c.no_l1)
+    assert "rows_ld_stream(" in kernel_source(plan, "k", launch)
+    _check(task, launch, tmp_path, plan=plan)
 
 
 @pytest.mark.parametrize("dtype", [f32, bf16])

@@ -9,6 +9,7 @@ import re
 import shutil
 import subprocess
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -25,8 +26,9 @@ from agent_backend.specs import Task, TensorSpec, random_inputs
 from agent_backend.task import load_program
 from helpers import launch_spec_of
 from skills.rows import propose, supports
-from skills.rows.candidates import _fits_registers, _words, launch_configs, model_source, tag
-from skills.rows.codegen import Launch, grid_blocks, kernel_source, lanes_fit, shared_bytes, workspace_bytes
+from skills.rows.candidates import NO_L1_SHAPES, _fits_registers, _words, launch_configs, model_source, tag
+from skills.rows.codegen import (Launch, grid_blocks, kernel_source, lanes_fit, shared_bytes, streamed_access,
+                                 workspace_bytes)
 from skills.rows.plan import build_plan
 from skills.rows.placement import refine, runs
 
@@ -201,7 +203,7 @@ def test_every_case_is_supported_with_a_few_launch_shapes(name, dtype):
     task = case_task(name, dtype)
     assert supports(task) is None
     candidates = propose(task)
-    assert 1 <= len(candidates) <= 6
+    assert 1 <= len(candidates) <= 6 + NO_L1_SHAPES
     assert len({c.origin for c in candidates}) == len(candidates)
     assert all(c.origin.startswith("builtin:rows:") for c in candidates)
 
@@ -302,7 +304,7 @@ def test_few_long_rows_are_split_over_a_cooperative_grid():
     over 512 blocks of a cooperative grid (four an SM), each block's partials through the
     workspace; a loss over a whole tensor (one row) over 512 blocks too."""
     plan = build_plan(resized(case_task("sum_last", f32), (16, 393216)))
-    split = [c for c in launch_configs(plan) if c.split > 1]
+    split = [c for c in launch_configs(plan) if c.split > 1 and not c.no_l1]
     assert [(c.threads, c.split) for c in split] == [(256, 32), (256, 16)]
     assert tag(plan, split[0]) == "t256r1v4g32" and grid_blocks(plan, split[0]) == 512
     assert workspace_bytes(plan, split[0]) == 8 * 16 * 32
@@ -311,7 +313,7 @@ def test_few_long_rows_are_split_over_a_cooperative_grid():
     assert "if (row_ok && t == 0 && blockIdx.x % 32 == 0)" in source
     whole = build_plan(resized(case_task("mse_loss", f32), (8192, 4096), (8192, 4096)))
     assert (whole.rows, whole.row_length) == (1, 8192 * 4096)
-    assert [c.split for c in launch_configs(whole) if c.split > 1] == [512, 256]
+    assert [c.split for c in launch_configs(whole) if c.split > 1 and not c.no_l1] == [512, 256]
     # a long row held on chip: split at 32 where a slice takes 25 KB of shared memory at most (bf16:
     # 24 KB); where it would take more (fp32: 48 KB), at 16, two blocks an SM of 96 KB; many rows:
     # no split, nor where even half the split's slice would take over 100 KB
@@ -345,7 +347,7 @@ def test_columns_are_read_a_vector_across_them_and_few_are_split():
     many columns are not split. Columns
     that cannot be read so (no vector across them) are split a warp of them a block."""
     plan = build_plan(resized(case_task("sum_columns", bf16), (4096, 768)))
-    configs = launch_configs(plan)
+    configs = [c for c in launch_configs(plan) if not c.no_l1]
     assert [tag(plan, c) for c in configs] == ["y32r8w8g16", "y32r8w8g8", "y8r32w8g64", "y8r32w8g32", "y32r32"]
     assert grid_blocks(plan, configs[0]) == 768 // 64 * 16 and workspace_bytes(plan, configs[0]) == 8 * 768 * 16
     source = kernel_source(plan, "k", configs[0])
@@ -361,13 +363,13 @@ def test_columns_are_read_a_vector_across_them_and_few_are_split():
     program = model_source(plan, configs[0])
     assert "MAIN_ALIGNMENT = (16,)" in program and "FALLBACK_LAUNCH = (192, (8, 32), 0, 1, 12288)" in program
     tall = build_plan(resized(case_task("sum_columns", f32), (16384, 4096)))
-    assert [tag(tall, c) for c in launch_configs(tall)] == ["y32r8w4g4", "y32r8w4g2", "y8r32w4g16", "y8r32w4g8",
-                                                                "y32r32"]
+    assert [tag(tall, c) for c in launch_configs(tall) if not c.no_l1] == [
+        "y32r8w4g4", "y32r8w4g2", "y8r32w4g16", "y8r32w4g8", "y32r32"]
     many_plan = build_plan(resized(case_task("mean_dim1", f32), (64, 512, 256)))
     many = launch_configs(many_plan)  # 16384 columns: 32 across fill the GPU unsplit, 8 across take a short split
-    assert [tag(many_plan, c) for c in many] == ["y32r8w4", "y8r32w4g4", "y8r32w4g2", "y16r32", "y32r32"]
+    assert [tag(many_plan, c) for c in many if not c.no_l1] == ["y32r8w4", "y8r32w4g4", "y8r32w4g2", "y16r32", "y32r32"]
     odd = build_plan(resized(case_task("sum_columns", f32), (100003, 37)))
-    assert [tag(odd, c) for c in launch_configs(odd)] == ["y32r32", "y8r32g256", "y8r32g128"]
+    assert [tag(odd, c) for c in launch_configs(odd) if not c.no_l1] == ["y32r32", "y8r32g256", "y8r32g128"]
     assert not lanes_fit(odd, 2) and lanes_fit(tall, 4) and not lanes_fit(build_plan(case_task("softmax_dim1")), 2)
 
 
@@ -632,19 +634,43 @@ def test_launch_shapes_follow_the_row_length():
         "t256r1v8sg32o", "t256r1v8g16o", "t128r1v8g32o", "t256r1v8sg32"]
     # fewer rows than SMs, too many to split: a cluster each (fp32: 8 blocks of 192 KB)
     assert _tags(resized(case_task("softmax", f32), (64, 393216))) == ["t1024r1v4sc8o", "t1024r1v4sc8"]
-    # a sum streams: few long rows are split over a grid, or a cluster
+    # a sum streams: few long rows are split over a grid, or a cluster; it writes a value a row,
+    # so its first two shapes are offered with the rows loaded past L1 too ("n")
     assert _tags(resized(case_task("sum_last", f32), (1, 393216))) == [
-        "t1024r1v4", "t256r1v4g64", "t256r1v4g32", "t1024r1v4c8", "t1024r1v4c4", "t512r1v4c8"]
-    assert _tags(resized(case_task("sum_last", f32), (4096, 1000))) == ["t32r4v4", "t128r1v4"]
+        "t1024r1v4", "t1024r1v4n", "t256r1v4g64", "t256r1v4g64n", "t256r1v4g32", "t1024r1v4c8", "t1024r1v4c4",
+        "t512r1v4c8"]
+    assert _tags(resized(case_task("sum_last", f32), (4096, 1000))) == ["t32r4v4", "t32r4v4n", "t128r1v4", "t128r1v4n"]
     # rows of 32000 fp32 streamed (an online logsumexp, "o"): 1024 threads take 8 vectors each,
     # and with a block for every SM, 512, 256 and 128 take more
     losses = resized(_cross_entropy_tasks()[0], (4096,), (4096, 32000))
     # and, holding the rows for two passes, the shapes those take; rows of 64 KB (bf16) are held only;
     # none prefetched: 4096 rows are more than 8 an SM
-    assert _tags(losses) == ["t1024r1v4o", "t512r1v4o", "t256r1v4o", "t128r1v4o",
-                             "t1024r1v4", "t512r1v4", "t256r1v4c2", "t1024r1v4s"]
+    assert _tags(losses) == ["t1024r1v4o", "t1024r1v4no", "t512r1v4o", "t512r1v4no", "t256r1v4o", "t128r1v4o",
+                             "t1024r1v4", "t1024r1v4n", "t512r1v4", "t512r1v4n", "t256r1v4c2", "t1024r1v4s"]
     bf16_losses = resized(_cross_entropy_tasks(bf16)[0], (4096,), (4096, 32000))
-    assert _tags(bf16_losses) == ["t512r1v8", "t1024r1v8", "t256r1v8", "t128r1v8c2", "t1024r1v8s"]
+    assert _tags(bf16_losses) == ["t512r1v8", "t512r1v8n", "t1024r1v8", "t1024r1v8n", "t256r1v8", "t128r1v8c2",
+                                  "t1024r1v8s"]
+
+
+def test_rows_no_other_row_reads_may_be_loaded_past_l1():
+    """Launch.no_l1: the rows' own elements are loaded without a place in L1 (rows_ld_stream); a
+    LayerNorm's weight and bias, read by every row, are not. Offered only where a kernel writes
+    a value a row: not where every element is written (softmax, LayerNorm), nor for a scan."""
+    layernorm = build_plan(case_task("layernorm", bf16))
+    launch = replace(launch_configs(layernorm)[0], no_l1=True)
+    source = kernel_source(layernorm, "k", launch)
+    assert [streamed_access(layernorm, k) for k in range(len(layernorm.accesses))] == [True, False, False]
+    assert source.count("rows_ld_stream(reinterpret_cast<const Vec<bf16, 8>*>(in0 + a0_base") == 1
+    assert "rows_ld_stream(reinterpret_cast<const Vec<bf16, 8>*>(in1" not in source
+    assert "ld.global.L1::no_allocate.v4.u32" in source
+    assert "rows_ld_stream" not in kernel_source(layernorm, "k", launch_configs(layernorm)[0])
+    for name in ("softmax", "layernorm"):
+        assert not any(c.no_l1 for c in launch_configs(build_plan(case_task(name, bf16))))
+    assert not any(c.no_l1 for c in launch_configs(build_plan(scan_task("cumsum", bf16, (8192, 4096)))))
+    logsumexp = build_plan(case_task("logsumexp", bf16))
+    shapes = launch_configs(logsumexp)
+    assert [c.no_l1 for c in shapes[:2 * NO_L1_SHAPES]] == [False, True] * NO_L1_SHAPES
+    assert shapes[1] == replace(shapes[0], no_l1=True) and not any(c.no_l1 for c in shapes[2 * NO_L1_SHAPES:])
 
 
 def test_scan_launch_shapes_stream_each_row_in_one_block():

@@ -9,8 +9,8 @@ from agent_backend.specs import Candidate
 from skills.pointwise.errors import Unsupported
 
 from .codegen import (TYPICAL_SM_COUNT, WARP, Launch, blocks_per_sm, buffer_bytes, can_prefetch, grid_blocks,
-                      is_vector_access, keeps_values, kernel_source, lanes, lanes_fit, shared_bytes, vectors_per_thread,
-                      workspace_bytes)
+                      is_vector_access, keeps_values, kernel_source, lanes, lanes_fit, shared_bytes, streamed_access,
+                      vectors_per_thread, workspace_bytes)
 from .plan import RowPlan
 
 REGISTER_WORDS = 32        # 32-bit registers a thread may spend on its part of the on-chip rows
@@ -52,6 +52,13 @@ LANE_ROWS, LANE_BLOCK = (8, 32), 256
 # rate in bf16 and fp32, 32-64 threads 90-96%, 512 88-95%, 1024 47-76%).
 SCAN_MAX_THREADS = 256
 SCAN_VECTORS_PER_THREAD = (8, 4, 2)
+# A kernel that writes only a value or two a row is also offered its first two shapes with the rows
+# loaded past L1 (Launch.no_l1). On an H200 (2026-11-27, twenty-sixth session;
+# benchmarks/results/no_l1_probe-h200-...): logsumexp of 4096 x 8192 bf16 22.6 us against 25.5
+# (a copy of as many bytes 21.2), fp32 39.0 against 42.5 (Inductor 43.6); a column sum of 16384 x
+# 4096 bf16 50.1 against 55.3; MSE 42.9 against 44.7; cross-entropy's rows within 1% in bf16, 3%
+# slower in fp32 online. Where each element's result is stored too (softmax, the norms), 1-4% slower.
+NO_L1_SHAPES = 2
 
 
 def _pow2_at_least(n: int) -> int:
@@ -78,13 +85,24 @@ def _rows_per_block(plan: RowPlan, threads: int) -> int:
 
 
 def launch_configs(plan: RowPlan) -> list[Launch]:
-    """The launch shapes to try for `plan` (at most 6), or Unsupported if none fits."""
+    """The launch shapes to try for `plan` (at most 6, and NO_L1_SHAPES of them again without
+    L1 where that may pay), or Unsupported if none fits."""
     configs = _scan_rows(plan) if plan.scan else _along_rows(plan) if plan.along_rows else _across_rows(plan)
-    unique = list(dict.fromkeys(configs))
+    unique = list(dict.fromkeys(configs))[:6]
     if not unique:
         raise Unsupported(f"rows of {plan.row_length} elements do not fit on chip "
                           f"(even across a cluster of {MAX_CLUSTER} blocks)")
-    return unique[:6]
+    if not _may_skip_l1(plan):
+        return unique
+    return [c for first in unique[:NO_L1_SHAPES] for c in (first, dataclasses.replace(first, no_l1=True))
+            ] + unique[NO_L1_SHAPES:]
+
+
+def _may_skip_l1(plan: RowPlan) -> bool:
+    """Whether loading the rows without L1 (Launch.no_l1) is worth a candidate: the kernel writes
+    only a value or two a row (so it is bound by its loads) and reads some input no other row does."""
+    return (not plan.scan and plan.row_length > 1 and all(o.per_row for o in plan.outputs)
+            and any(streamed_access(plan, k) for k in range(len(plan.accesses))))
 
 
 def _one_block_a_row_shapes(plan: RowPlan) -> list[Launch]:
@@ -261,17 +279,18 @@ def _split_columns(plan: RowPlan, threads: int, rows: int, width: int) -> list[L
 def tag(plan: RowPlan, launch: Launch) -> str:
     if not plan.along_rows:
         return (f"y{launch.threads}r{launch.rows}" + (f"w{launch.width}" if launch.width > 1 else "")
-                + (f"g{launch.split}" if launch.split > 1 else "") + ("o" if plan.online else ""))
+                + (f"g{launch.split}" if launch.split > 1 else "") + ("n" if launch.no_l1 else "")
+                + ("o" if plan.online else ""))
     return (f"t{launch.threads}r{launch.rows}v{launch.width}"
             + ("s" if launch.storage == "shared" and plan.stored else "")
             + (f"c{launch.cluster}" if launch.cluster > 1 else "") + (f"g{launch.split}" if launch.split > 1 else "")
-            + ("p" if launch.prefetch else "") + ("o" if plan.online else ""))
+            + ("p" if launch.prefetch else "") + ("n" if launch.no_l1 else "") + ("o" if plan.online else ""))
 
 
 def propose_candidates(plan: RowPlan) -> list[Candidate]:
     return [Candidate(model_source(plan, c), f"builtin:rows:{tag(plan, c)}",
                       {"threads": c.threads, "rows": c.rows, "vector_width": c.width, "storage": c.storage,
-                       "cluster": c.cluster, "split": c.split, "along_rows": plan.along_rows})
+                       "cluster": c.cluster, "split": c.split, "no_l1": c.no_l1, "along_rows": plan.along_rows})
             for c in launch_configs(plan)]
 
 
