@@ -97,6 +97,7 @@ SHAPES = [
     ("layernorm", bf16, [(5, 1), (1,), (1,)]), ("layernorm", f16, [(1, 4097), (4097,), (4097,)]),
     ("layernorm", bf16, [(2, 65536), (65536,), (65536,)]), ("rmsnorm", f32, [(3, 4097), (4097,)]),
     ("rmsnorm", bf16, [(4, 393216), (393216,)]), ("logsumexp", f32, [(3, 4097)]),
+    ("logsumexp", bf16, [(4096, 1000)]),  # enough rows that its first shapes load past L1 too
     ("sum_last", bf16, [(1, 393216)]), ("sum_last", f32, [(4096, 7)]), ("amax_last", f32, [(2, 4097)]),
     ("var_last", f16, [(7, 4097)]), ("mean_dim1", bf16, [(3, 4097, 5)]), ("softmax_dim1", f16, [(2, 100, 33)]),
     # column sums, tall and odd, and a bias's gradient (few columns: split over a cooperative grid,

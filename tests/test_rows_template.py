@@ -635,10 +635,16 @@ def test_launch_shapes_follow_the_row_length():
     # fewer rows than SMs, too many to split: a cluster each (fp32: 8 blocks of 192 KB)
     assert _tags(resized(case_task("softmax", f32), (64, 393216))) == ["t1024r1v4sc8o", "t1024r1v4sc8"]
     # a sum streams: few long rows are split over a grid, or a cluster; it writes a value a row,
-    # so its first two shapes are offered with the rows loaded past L1 too ("n")
+    # so its first two shapes that give every SM a block are offered loading past L1 too ("n"):
+    # none for one row of 393216 (64 blocks at most), the splits of 16 such rows or of a loss
+    # over a whole 8192 x 4096 tensor
     assert _tags(resized(case_task("sum_last", f32), (1, 393216))) == [
-        "t1024r1v4", "t1024r1v4n", "t256r1v4g64", "t256r1v4g64n", "t256r1v4g32", "t1024r1v4c8", "t1024r1v4c4",
+        "t1024r1v4", "t256r1v4g64", "t256r1v4g32", "t1024r1v4c8", "t1024r1v4c4", "t512r1v4c8"]
+    assert _tags(resized(case_task("sum_last", f32), (16, 393216))) == [
+        "t1024r1v4", "t256r1v4g32", "t256r1v4g32n", "t256r1v4g16", "t256r1v4g16n", "t1024r1v4c8", "t1024r1v4c4",
         "t512r1v4c8"]
+    assert _tags(resized(case_task("mse_loss", f32), (8192, 4096), (8192, 4096)))[1:5] == [
+        "t256r1v4g512", "t256r1v4g512n", "t256r1v4g256", "t256r1v4g256n"]
     assert _tags(resized(case_task("sum_last", f32), (4096, 1000))) == ["t32r4v4", "t32r4v4n", "t128r1v4", "t128r1v4n"]
     # rows of 32000 fp32 streamed (an online logsumexp, "o"): 1024 threads take 8 vectors each,
     # and with a block for every SM, 512, 256 and 128 take more
@@ -655,7 +661,8 @@ def test_launch_shapes_follow_the_row_length():
 def test_rows_no_other_row_reads_may_be_loaded_past_l1():
     """Launch.no_l1: the rows' own elements are loaded without a place in L1 (rows_ld_stream); a
     LayerNorm's weight and bias, read by every row, are not. Offered only where a kernel writes
-    a value a row: not where every element is written (softmax, LayerNorm), nor for a scan."""
+    a value a row (not where every element is written: softmax, LayerNorm; nor for a scan), for
+    its first shapes that give every SM a block."""
     layernorm = build_plan(case_task("layernorm", bf16))
     launch = replace(launch_configs(layernorm)[0], no_l1=True)
     source = kernel_source(layernorm, "k", launch)
@@ -667,10 +674,12 @@ def test_rows_no_other_row_reads_may_be_loaded_past_l1():
     for name in ("softmax", "layernorm"):
         assert not any(c.no_l1 for c in launch_configs(build_plan(case_task(name, bf16))))
     assert not any(c.no_l1 for c in launch_configs(build_plan(scan_task("cumsum", bf16, (8192, 4096)))))
-    logsumexp = build_plan(case_task("logsumexp", bf16))
+    logsumexp = build_plan(resized(case_task("logsumexp", bf16), (4096, 8192)))
     shapes = launch_configs(logsumexp)
     assert [c.no_l1 for c in shapes[:2 * NO_L1_SHAPES]] == [False, True] * NO_L1_SHAPES
     assert shapes[1] == replace(shapes[0], no_l1=True) and not any(c.no_l1 for c in shapes[2 * NO_L1_SHAPES:])
+    # 8 rows give no SM-filling shape a twin
+    assert not any(c.no_l1 for c in launch_configs(build_plan(case_task("logsumexp", bf16))))
 
 
 def test_scan_launch_shapes_stream_each_row_in_one_block():

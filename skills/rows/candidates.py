@@ -52,12 +52,13 @@ LANE_ROWS, LANE_BLOCK = (8, 32), 256
 # rate in bf16 and fp32, 32-64 threads 90-96%, 512 88-95%, 1024 47-76%).
 SCAN_MAX_THREADS = 256
 SCAN_VECTORS_PER_THREAD = (8, 4, 2)
-# A kernel that writes only a value or two a row is also offered its first two shapes with the rows
-# loaded past L1 (Launch.no_l1). On an H200 (2026-11-27, twenty-sixth session;
-# benchmarks/results/no_l1_probe-h200-...): logsumexp of 4096 x 8192 bf16 22.6 us against 25.5
-# (a copy of as many bytes 21.2), fp32 39.0 against 42.5 (Inductor 43.6); a column sum of 16384 x
-# 4096 bf16 50.1 against 55.3; MSE 42.9 against 44.7; cross-entropy's rows within 1% in bf16, 3%
-# slower in fp32 online. Where each element's result is stored too (softmax, the norms), 1-4% slower.
+# A kernel that writes only a value or two a row is also offered its first two shapes that give
+# every SM a block with the rows loaded past L1 (Launch.no_l1). On an H200 (2026-11-27, twenty-sixth
+# session; benchmarks/results/no_l1_probe-h200-...): logsumexp of 4096 x 8192 bf16 22.6 us against
+# 25.5 (a copy of as many bytes 21.2), fp32 39.0 against 42.5 (Inductor 43.6); a column sum of 16384
+# x 4096 bf16 50.1 against 55.3; MSE 42.9 against 44.7; cross-entropy's rows within 1% in bf16, 3%
+# slower in fp32 online. Where each element's result is stored too (softmax, the norms), 1-4%
+# slower.
 NO_L1_SHAPES = 2
 
 
@@ -85,8 +86,8 @@ def _rows_per_block(plan: RowPlan, threads: int) -> int:
 
 
 def launch_configs(plan: RowPlan) -> list[Launch]:
-    """The launch shapes to try for `plan` (at most 6, and NO_L1_SHAPES of them again without
-    L1 where that may pay), or Unsupported if none fits."""
+    """The launch shapes to try for `plan` (at most 6, and NO_L1_SHAPES of them again loading
+    past L1 where that may pay), or Unsupported if none fits."""
     configs = _scan_rows(plan) if plan.scan else _along_rows(plan) if plan.along_rows else _across_rows(plan)
     unique = list(dict.fromkeys(configs))[:6]
     if not unique:
@@ -94,8 +95,9 @@ def launch_configs(plan: RowPlan) -> list[Launch]:
                           f"(even across a cluster of {MAX_CLUSTER} blocks)")
     if not _may_skip_l1(plan):
         return unique
-    return [c for first in unique[:NO_L1_SHAPES] for c in (first, dataclasses.replace(first, no_l1=True))
-            ] + unique[NO_L1_SHAPES:]
+    # the first shapes that give every SM a block (one block over a whole loss is never the one)
+    twinned = [c for c in unique if grid_blocks(plan, c) >= TYPICAL_SM_COUNT][:NO_L1_SHAPES]
+    return [t for c in unique for t in ((c, dataclasses.replace(c, no_l1=True)) if c in twinned else (c,))]
 
 
 def _may_skip_l1(plan: RowPlan) -> bool:
