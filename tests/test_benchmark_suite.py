@@ -10,6 +10,7 @@ import torch
 import torch.nn as nn
 
 from agent_backend import gate
+from agent_backend.explain import tasks_of, trace_tasks
 from agent_backend.graph_pass import Decision
 from benchmarks.suite import cli, correctness, kernels, report
 from benchmarks.suite.problem import DTYPES, Problem, build, make_call
@@ -45,6 +46,22 @@ def test_a_training_step_gives_layers_before_a_final_layernorm_real_gradients():
     assert all(torch.equal(a, b) for a, b in zip(first, step()))
 
 
+@pytest.mark.parametrize("name", ["gpt2_lm_train", "llama_lm_train"])
+def test_the_language_models_losses_are_row_tasks_forward_and_backward(name):
+    """transformers' own loss (logits to fp32, cross-entropy ignoring -100) is one row task in
+    the forward and one in the backward, which makes its one-hot from the labels (an iota)."""
+    (problem,) = select(only=[name])
+    if problem.missing():
+        pytest.skip(f"needs {problem.missing()}")
+    model, inputs = build(problem, "bf16", "cpu", small=True)
+    rows = [t for t in tasks_of(trace_tasks(model, inputs, backward=True, min_ops=1)) if t.kind == "reduction"]
+    vocab = problem.sizes(small=True).vocab
+    with_classes = [t for t in rows if any(s.shape[-1:] == (vocab,) for s in t.inputs)]
+    forward = [t for t in with_classes if "aten.amax.default" in t.ops and "aten.log.default" in t.ops]
+    backward = [t for t in with_classes if "prims.iota.default" in t.ops and "aten.eq.Tensor" in t.ops]
+    assert len(forward) == 1 and len(backward) == 1, [t.ops for t in with_classes]
+
+
 def test_the_registry_has_the_promised_problems():
     names = [p.name for p in PROBLEMS]
     assert len(names) == len(set(names))
@@ -54,7 +71,8 @@ def test_the_registry_has_the_promised_problems():
     gemm_sum = select(only=["gemm_sum_features_8k"])[0].dims
     assert (gemm_sum["m"], gemm_sum["k"], gemm_sum["n"]) == (1024, 8192, 8192)
     assert {p.name for p in select(groups=["transformers"])} == {"gpt2", "gpt2_train", "llama", "llama_train",
-                                                                 "bert", "bert_train"}
+                                                                 "bert", "bert_train", "gpt2_lm_train",
+                                                                 "llama_lm_train"}
     assert all(p.needs == ("transformers",) and p.dtypes == ("bf16",) for p in select(groups=["transformers"]))
 
 

@@ -764,8 +764,9 @@ def _nvcc() -> str | None:
 
 def _kernel_sources() -> dict[str, str]:
     """Every kernel (main and fallback) the candidates of a dozen tasks carry, over fp32/bf16/fp16,
-    short and long rows, clusters, rows split over a grid and rows strided in memory, scans; the first
-    candidate's kernel of every other case; and one with 64-bit indexing."""
+    short and long rows, clusters, rows split over a grid and rows strided in memory, scans, loads
+    past L1 of each width; the first candidate's kernel of every other case; and one with 64-bit
+    indexing."""
     every = {
         "softmax_bf16": case_task("softmax", bf16), "softmax_fp16": case_task("softmax", f16),
         "logsumexp_fp32": case_task("logsumexp", f32), "var_bf16": case_task("var_last", bf16),
@@ -778,6 +779,9 @@ def _kernel_sources() -> dict[str, str]:
         "sum_bf16_short_rows": resized(case_task("sum_last", bf16), (4096, 7)),
         "amax_bf16_long": resized(case_task("amax_last", bf16), (16, 393216)),
         "mse_fp16_whole": resized(case_task("mse_loss", f16), (8192, 4096), (8192, 4096)),
+        # loaded past L1 a float at a time, and 8 bytes of bf16
+        "sum_fp32_long_odd": resized(case_task("sum_last", f32), (16, 393217)),
+        "logsumexp_bf16_1004": resized(case_task("logsumexp", bf16), (4096, 1004)),
         "cross_entropy_losses": _cross_entropy_tasks(bf16, 64, 32000)[0],
         "cross_entropy_mean": _cross_entropy_tasks()[1],
         "cumsum_bf16": scan_task("cumsum", bf16, (8192, 4096)),

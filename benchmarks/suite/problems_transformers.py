@@ -1,6 +1,7 @@
 """GPT-2, Llama and BERT from transformers configs with random weights (nothing is downloaded),
-bf16, in inference and one training step. transformers is imported only when a model is built,
-so the suite runs without it and reports these problems as skipped."""
+bf16, in inference and one training step; and GPT-2 and Llama with their language-model head in
+a training step on labels, the loss as transformers computes it. transformers is imported only
+when a model is built, so the suite runs without it and reports these problems as skipped."""
 from __future__ import annotations
 
 import torch
@@ -41,14 +42,41 @@ class TransformersModel(nn.Module):
         return self.model(input_ids=input_ids).last_hidden_state
 
 
-def _problem(family: str, vocab: int, train: bool) -> Problem:
-    name = f"{family}_train" if train else family
-    return Problem(name, 3, TransformersModel, lambda d: [torch.randint(0, d.vocab, (d.batch, d.seq))],
+class TransformersLMLoss(nn.Module):
+    """A transformers causal language model with its head, returning the loss transformers
+    computes from labels (logits in fp32, labels shifted by one, cross-entropy ignoring -100)."""
+
+    def __init__(self, family: str, config):
+        super().__init__()
+        import transformers
+        self.model = {"gpt2": transformers.GPT2LMHeadModel, "llama": transformers.LlamaForCausalLM}[family](config)
+
+    def forward(self, input_ids, labels):
+        return self.model(input_ids=input_ids, labels=labels).loss
+
+
+def _tokens_and_labels(d) -> list[torch.Tensor]:
+    """Token ids, and as labels the same ids with the last eighth of each sequence -100 (padding)."""
+    ids = torch.randint(0, d.vocab, (d.batch, d.seq))
+    labels = ids.clone()
+    labels[:, d.seq - d.seq // 8:] = -100
+    return [ids, labels]
+
+
+def _problem(name: str, family: str, vocab: int, model: type, get_inputs, train: bool) -> Problem:
+    return Problem(name, 3, model, get_inputs,
                    {"batch": 8, "seq": 512, "hidden": 768, "layers": 4, "heads": 12, "vocab": vocab},
                    {"batch": 2, "seq": 8, "hidden": 24, "layers": 1, "heads": 2, "vocab": 64},
                    get_init_inputs=lambda d: [family, _config(family, d)], dtypes=("bf16",), group="transformers",
                    train=train, needs=("transformers",), tolerance=5.0)
 
 
-PROBLEMS = [_problem(family, vocab, train) for family, vocab in (("gpt2", 50257), ("llama", 32000), ("bert", 30522))
-            for train in (False, True)]
+def _token_ids(d) -> list[torch.Tensor]:
+    return [torch.randint(0, d.vocab, (d.batch, d.seq))]
+
+
+VOCABS = {"gpt2": 50257, "llama": 32000, "bert": 30522}
+PROBLEMS = ([_problem(f"{family}_train" if train else family, family, vocab, TransformersModel, _token_ids, train)
+             for family, vocab in VOCABS.items() for train in (False, True)]
+            + [_problem(f"{family}_lm_train", family, VOCABS[family], TransformersLMLoss, _tokens_and_labels, True)
+               for family in ("gpt2", "llama")])
