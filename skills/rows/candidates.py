@@ -95,8 +95,9 @@ def launch_configs(plan: RowPlan) -> list[Launch]:
                           f"(even across a cluster of {MAX_CLUSTER} blocks)")
     if not _may_skip_l1(plan):
         return unique
-    # the first shapes that give every SM a block (one block over a whole loss is never the one)
-    twinned = [c for c in unique if grid_blocks(plan, c) >= TYPICAL_SM_COUNT][:NO_L1_SHAPES]
+    # the first shapes that give every SM a block (one block over a whole loss is never the one),
+    # not prefetching ones (their rows come by cp.async)
+    twinned = [c for c in unique if grid_blocks(plan, c) >= TYPICAL_SM_COUNT and not c.prefetch][:NO_L1_SHAPES]
     return [t for c in unique for t in ((c, dataclasses.replace(c, no_l1=True)) if c in twinned else (c,))]
 
 
