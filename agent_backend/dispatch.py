@@ -306,7 +306,9 @@ class Dispatcher:
 
     def _dispatch(self, task: Task, key: str, entry) -> Decision:
         winner = runtime.registered(key)
-        if winner is None:
+        # a winner this process loaded for the key before is not the entry's where the cache now
+        # holds another source (another cache directory, a winner replaced): load the entry's
+        if winner is None or winner.source != entry.source:
             try:
                 winner = runtime.load_winner(runtime.Winner(key, entry.source, task.outputs, entry.origin,
                                                             spec=_launch_spec(entry, key)),

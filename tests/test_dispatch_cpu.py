@@ -58,6 +58,23 @@ def test_supplied_winner_is_dispatched(cache_dir):
     assert any(d.winner_key is None for d in decisions), "everything else should stay with Inductor"
 
 
+def test_the_winner_that_runs_is_the_one_in_the_cache_now(cache_dir, tmp_path, monkeypatch):
+    """One process, two caches holding different winners for the same key (or a winner replaced):
+    the compile runs the source of the cache it reads, not the one loaded for the key before."""
+    torch.manual_seed(0)
+    model, x = Net(), torch.randn(4, 16)
+    task = _swish_task(model, x)
+    key = put_cached_entry(task, source=SWISH_BIAS)
+    run_fwd_bwd(model, [x], "cuda_agent", options={"mode": "cached"})
+    assert runtime.registered(key).source == SWISH_BIAS
+    doubled = SWISH_BIAS.replace("+ bias", "+ 2 * bias")
+    monkeypatch.setenv("CUDA_AGENT_CACHE_DIR", str(tmp_path / "other_cache"))
+    assert put_cached_entry(task, source=doubled) == key
+    torch._dynamo.reset()
+    run_fwd_bwd(model, [x], "cuda_agent", options={"mode": "cached"})
+    assert runtime.registered(key).source == doubled and runtime.registered(key).calls >= 1
+
+
 def test_generated_code_calls_our_op_and_inductor_kernels(cache_dir):
     torch.manual_seed(0)
     model, x = Net(), torch.randn(4, 16)
