@@ -63,9 +63,9 @@ def _tokens_and_labels(d) -> list[torch.Tensor]:
     return [ids, labels]
 
 
-def _problem(name: str, family: str, vocab: int, model: type, get_inputs, train: bool) -> Problem:
+def _problem(name: str, family: str, model: type, get_inputs, train: bool) -> Problem:
     return Problem(name, 3, model, get_inputs,
-                   {"batch": 8, "seq": 512, "hidden": 768, "layers": 4, "heads": 12, "vocab": vocab},
+                   {"batch": 8, "seq": 512, "hidden": 768, "layers": 4, "heads": 12, "vocab": VOCABS[family]},
                    {"batch": 2, "seq": 8, "hidden": 24, "layers": 1, "heads": 2, "vocab": 64},
                    get_init_inputs=lambda d: [family, _config(family, d)], dtypes=("bf16",), group="transformers",
                    train=train, needs=("transformers",), tolerance=5.0)
@@ -76,7 +76,7 @@ def _token_ids(d) -> list[torch.Tensor]:
 
 
 VOCABS = {"gpt2": 50257, "llama": 32000, "bert": 30522}
-PROBLEMS = ([_problem(f"{family}_train" if train else family, family, vocab, TransformersModel, _token_ids, train)
-             for family, vocab in VOCABS.items() for train in (False, True)]
-            + [_problem(f"{family}_lm_train", family, VOCABS[family], TransformersLMLoss, _tokens_and_labels, True)
+PROBLEMS = ([_problem(f"{family}_train" if train else family, family, TransformersModel, _token_ids, train)
+             for family in VOCABS for train in (False, True)]
+            + [_problem(f"{family}_lm_train", family, TransformersLMLoss, _tokens_and_labels, True)
                for family in ("gpt2", "llama")])
