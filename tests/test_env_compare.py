@@ -7,8 +7,8 @@ import time
 import pytest
 import torch
 
-from agent_backend.env import Evaluation
-from agent_backend.env.compare import (bitwise_equal, compare_values, differing_elements, layout_problem,
+from agent_backend.env import Evaluation, compare
+from agent_backend.env.compare import (ValueCheck, bitwise_equal, compare_values, differing_elements, layout_problem,
                                        overlapping_pairs, share_memory, tolerance)
 from agent_backend.env.guards import GlobalSwitches, PatchFingerprint, PoisonedAllocations, precision_context
 from agent_backend.env.results import precision_settings
@@ -53,6 +53,96 @@ def test_bool_outputs_compare_exactly():
     assert compare_values(0, expected.clone(), expected, 0.0).problem is None
     assert "1 of 3 elements differ at index (1,): got True, expected False" in \
         compare_values(0, torch.tensor([True, True, True]), expected, 0.0).problem
+
+
+def whole_tensor_compare(index, got, expected, tol):
+    """compare_values as it was before it worked in chunks: every temporary of the whole tensor."""
+    numel = expected.numel()
+    if expected.dtype == torch.bool:
+        bad = got != expected
+        err = bad.to(torch.float64)
+        max_abs = max_rel = float(err.max()) if numel else 0.0
+    else:
+        a, b = got.to(torch.float64), expected.to(torch.float64)
+        err = (a - b).abs()
+        both_finite = torch.isfinite(a) & torch.isfinite(b)
+        finite = b[torch.isfinite(b)]
+        scale = max(1.0, float(finite.square().mean().sqrt())) if finite.numel() else 1.0
+        within = both_finite & (err <= tol * scale + tol * b.abs())
+        same_non_finite = ~torch.isfinite(b) & ((torch.isnan(a) & torch.isnan(b)) | (a == b))
+        bad = ~(within | same_non_finite)
+        max_abs = float(torch.where(both_finite, err, torch.zeros_like(err)).max()) if numel else 0.0
+        large = both_finite & (b.abs() >= max(tol, 1e-12))
+        max_rel = float(torch.where(large, err / b.abs(), torch.zeros_like(err)).max()) if numel else 0.0
+    n_bad = int(bad.sum())
+    if n_bad == 0:
+        return ValueCheck(None, max_abs, max_rel)
+    score = torch.where(bad, err.nan_to_num(nan=float("inf")), torch.full_like(err, -1.0))
+    flat = int(score.reshape(-1).argmax())
+    where = tuple(int(i) for i in torch.unravel_index(torch.tensor(flat), expected.shape))
+    g, e = got.reshape(-1)[flat].item(), expected.reshape(-1)[flat].item()
+    if expected.dtype == torch.bool:
+        return ValueCheck(f"output {index}: {n_bad} of {numel} elements differ at index {where}: got {g}, expected {e}",
+                          max_abs, max_rel)
+    return ValueCheck(f"output {index}: {n_bad} of {numel} elements differ, max abs err "
+                      f"{float(err.reshape(-1)[flat]):.6g} at index {where}: got {g:.6g}, expected {e:.6g} "
+                      f"(rtol = {tol:g}, atol = {tol:g} x {scale:.3g}, the reference's scale)", max_abs, max_rel)
+
+
+@pytest.fixture
+def small_chunks(monkeypatch):
+    """Chunks of 7 elements, so that small tensors span several and meet their boundaries."""
+    monkeypatch.setattr(compare, "CHUNK_ELEMENTS", 7)
+
+
+def _with(t: torch.Tensor, values: dict[int, float]) -> torch.Tensor:
+    """A copy of `t` with these values at these flat indices."""
+    t = t.clone()
+    for i, v in values.items():
+        t.view(-1)[i] = v
+    return t
+
+
+def _chunk_cases():
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(5, 9, generator=g) * 3  # 45 elements: 7 chunks, the last one short
+    nan, inf = float("nan"), float("inf")
+    with_non_finite = _with(x, {6: nan, 7: inf, 30: -inf, 44: nan})
+    mask = torch.rand(5, 9, generator=g) > 0.5
+    return {
+        "within tolerance": (x + 1e-5, x, 1e-4),
+        "worst in a later chunk": (_with(x, {3: x.view(-1)[3] + 0.5, 40: x.view(-1)[40] - 0.9}), x, 1e-4),
+        "ties: the first in flat order": (_with(torch.zeros(45), {2: 0.5, 30: 0.5, 31: -0.5}), torch.zeros(45), 1e-4),
+        "non-finite beats finite": (_with(x, {3: x.view(-1)[3] + 9.0, 29: nan}), x, 1e-4),
+        "NaN errors beat infinite ones": (_with(x, {15: inf, 29: nan, 43: -inf}), x, 1e-4),
+        "first of two NaN errors": (_with(x, {12: nan, 40: nan}), x, 1e-4),
+        "non-finite reference, matched": (with_non_finite.clone(), with_non_finite, 1e-4),
+        "non-finite reference, missed": (_with(with_non_finite, {7: -inf, 44: 0.0, 20: 5.0}), with_non_finite, 1e-4),
+        "all non-finite reference": (torch.full((3, 4), nan), torch.full((3, 4), inf), 1e-4),
+        "non-contiguous": ((x + 0.01 * torch.randn(5, 9, generator=g)).t(), x.t(), 1e-3),
+        "bf16 against float64": ((x + 0.02).bfloat16(), x.double(), 1e-2),
+        "integers": (torch.arange(20).reshape(4, 5) % 3, torch.arange(20).reshape(4, 5) % 4, 0.0),
+        "bool": (mask ^ _with(torch.zeros(45, dtype=torch.bool), {9: True, 33: True}).view(5, 9), mask, 0.0),
+        "bool, equal": (mask.clone(), mask, 0.0),
+        "bool, non-contiguous": (mask.t() ^ torch.eye(9, 5, dtype=torch.bool), mask.t(), 0.0),
+        "zero-dim": (torch.tensor(2.0), torch.tensor(1.0), 1e-4),
+        "empty": (torch.zeros(0, 3), torch.zeros(0, 3), 1e-4),
+    }
+
+
+@pytest.mark.parametrize("case", list(_chunk_cases()))
+def test_chunked_comparison_matches_the_whole_tensor_one(small_chunks, case):
+    got, expected, tol = _chunk_cases()[case]
+    assert compare_values(3, got, expected, tol) == whole_tensor_compare(3, got, expected, tol)
+
+
+def test_chunked_comparison_reports_the_worst_element_of_a_later_chunk(small_chunks):
+    expected = torch.ones(4, 9)
+    got = _with(expected, {1: 1.5, 34: 3.0})
+    check = compare_values(0, got, expected, 1e-4)
+    assert check.problem.startswith("output 0: 2 of 36 elements differ, max abs err 2 at index (3, 7): "
+                                    "got 3, expected 1")
+    assert check.max_abs_err == 2.0 and check.max_rel_err == 2.0
 
 
 def test_tolerances_by_dtype_and_precision():

@@ -1,10 +1,17 @@
 """The float64 accuracy check's parts, on the CPU: the float64 evaluation ignores the program's
-own roundings, the error measure, and the bar a candidate must meet."""
+own roundings, the error measure, and the bar a candidate must meet; a task whose float64
+evaluation does not fit in memory is verified without it."""
 import math
 
+import pytest
 import torch
 
-from agent_backend.env import float64
+from agent_backend.env import compare, float64
+from agent_backend.env.guards import GlobalSwitches, PatchFingerprint
+from agent_backend.env.results import precision_settings
+from agent_backend.env.verify import CpuRunner, Verifier
+from agent_backend.env.worker import _settle_torch
+from test_env_cases import add_relu_task
 
 
 class RoundsToBf16(torch.nn.Module):
@@ -27,6 +34,85 @@ def test_relative_error_skips_non_finite_reference_values_and_flags_nan():
     assert float64.relative_error(torch.tensor([1.0, -math.inf, 2.0]), exact) == 0.0
     assert float64.relative_error(torch.tensor([1.0, 0.0, float("nan")]), exact) == math.inf
     assert float64.relative_error(torch.tensor([True]), torch.tensor([True])) == 0.0
+
+
+def whole_tensor_relative_error(got, exact):
+    """relative_error as it was before it worked in chunks."""
+    if not exact.is_floating_point():
+        return 0.0
+    finite = torch.isfinite(exact)
+    diff = torch.where(finite, got.to(torch.float64) - exact, torch.zeros_like(exact))
+    norm = float(torch.where(finite, exact, torch.zeros_like(exact)).norm())
+    err = float(diff.norm())
+    if math.isnan(err):
+        return math.inf
+    return err / norm if norm > 0 else err
+
+
+def _relative_error_cases():
+    g = torch.Generator().manual_seed(0)
+    exact = torch.randn(5, 9, generator=g, dtype=torch.float64) * 3  # 45 elements: 7 chunks of 7
+    got = (exact + 1e-3 * torch.randn(5, 9, generator=g, dtype=torch.float64)).float()
+    non_finite = exact.clone()
+    non_finite.view(-1)[[6, 7, 30]] = torch.tensor([math.inf, -math.inf, math.nan], dtype=torch.float64)
+    nan_in_a_later_chunk = got.clone()
+    nan_in_a_later_chunk.view(-1)[40] = math.nan
+    inf_where_finite = got.clone()
+    inf_where_finite.view(-1)[20] = math.inf
+    return {
+        "fp32 against float64": (got, exact),
+        "bf16 against float64": (exact.bfloat16(), exact),
+        "non-finite reference values are skipped": (got, non_finite),
+        "NaN in a later chunk": (nan_in_a_later_chunk, exact),
+        "Inf where the reference is finite": (inf_where_finite, exact),
+        "non-contiguous": (got.t(), exact.t()),
+        "a zero reference": (got[:2], torch.zeros(2, 9, dtype=torch.float64)),
+        "empty": (torch.zeros(0, 3), torch.zeros(0, 3, dtype=torch.float64)),
+        "bool": (torch.tensor([True, False]), torch.tensor([True, True])),
+    }
+
+
+@pytest.mark.parametrize("case", list(_relative_error_cases()))
+def test_chunked_relative_error_matches_the_whole_tensor_one(monkeypatch, case):
+    monkeypatch.setattr(compare, "CHUNK_ELEMENTS", 7)  # small tensors span several chunks
+    got, exact = _relative_error_cases()[case]
+    expected = whole_tensor_relative_error(got, exact)
+    assert float64.relative_error(got, exact) == pytest.approx(expected, rel=1e-12, abs=0.0)
+
+
+class RunsOutOfMemoryInFloat64(torch.nn.Module):
+    """relu(a + b), whose float64 evaluation does not fit (as a task that fills most of the GPU)."""
+
+    def forward(self, a, b):
+        if a.dtype == torch.float64:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 12.00 GiB.")
+        return torch.relu(a + b)
+
+
+class AddRelu(torch.nn.Module):
+    def __init__(self, shift: float = 0.0):
+        super().__init__()
+        self.shift = shift
+
+    def forward(self, a, b):
+        return torch.relu(a + b) + self.shift
+
+
+def _verifier(candidate: torch.nn.Module, reference: torch.nn.Module) -> Verifier:
+    """An in-process verifier on the CPU, taken as a worker takes it."""
+    _settle_torch()  # what torch patches into itself on first use is not the candidate's doing
+    return Verifier(candidate, reference, add_relu_task(), torch.device("cpu"), precision_settings(None),
+                    CpuRunner(), GlobalSwitches("cpu"), PatchFingerprint(), seed=0)
+
+
+def test_a_float64_evaluation_out_of_memory_leaves_the_check_out_and_the_candidate_judged():
+    verifier = _verifier(AddRelu(), RunsOutOfMemoryInFloat64())
+    assert verifier.run() is None
+    assert verifier.details()["float64_note"] == "the task evaluated in float64 does not fit in memory"
+    assert verifier.details()["float64_err"] == 0.0
+    # Values are still compared with the reference's.
+    failure = _verifier(AddRelu(shift=1.0), RunsOutOfMemoryInFloat64()).run()
+    assert failure.status == "incorrect" and "elements differ" in failure.reason
 
 
 def test_the_bar_is_twice_the_reference_and_never_below_the_dtypes_rounding():

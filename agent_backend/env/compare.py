@@ -5,6 +5,7 @@ a model to act on: which output, how many elements, the worst one with its index
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -36,9 +37,77 @@ def _fmt(x: float) -> str:
     return f"{x:.6g}"
 
 
-def _scale(expected: torch.Tensor) -> float:
-    finite = expected[torch.isfinite(expected)]
-    return max(1.0, float(finite.square().mean().sqrt())) if finite.numel() else 1.0
+# Elements per chunk where outputs are compared in float64: the temporaries then take a few
+# chunks' memory (128 MiB each), not several float64 copies of an output that may itself fill
+# a good part of the GPU (checking a softmax over 1.6G bf16 elements ran out of an H200's).
+CHUNK_ELEMENTS = 2 ** 24
+
+
+def chunk_slices(numel: int) -> list[slice]:
+    """Consecutive slices of a flat view of `numel` elements, CHUNK_ELEMENTS each."""
+    return [slice(start, start + CHUNK_ELEMENTS) for start in range(0, numel, CHUNK_ELEMENTS)]
+
+
+def _scale(expected_flat: torch.Tensor) -> float:
+    """The root-mean-square of the reference's finite values, at least 1; summed in float64."""
+    total, count = 0.0, 0
+    for part in chunk_slices(expected_flat.numel()):
+        b = expected_flat[part].to(torch.float64)
+        finite = b[torch.isfinite(b)]
+        total += float(finite.square().sum())
+        count += finite.numel()
+    return max(1.0, math.sqrt(total / count)) if count else 1.0
+
+
+def _bool_chunk(got: torch.Tensor, expected: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, float, float]:
+    """(bad, err, max abs err, max rel err) of one chunk of bool outputs: any difference is an error of 1."""
+    bad = got != expected
+    err = bad.to(torch.float64)
+    worst = float(err.max())
+    return bad, err, worst, worst
+
+
+def _value_chunk(got: torch.Tensor, expected: torch.Tensor, tol: float,
+                 scale: float) -> tuple[torch.Tensor, torch.Tensor, float, float]:
+    """(bad, err, max abs err, max rel err) of one chunk of numeric outputs, in float64."""
+    a, b = got.to(torch.float64), expected.to(torch.float64)
+    err = (a - b).abs()
+    both_finite = torch.isfinite(a) & torch.isfinite(b)
+    within = both_finite & (err <= tol * scale + tol * b.abs())
+    same_non_finite = ~torch.isfinite(b) & ((torch.isnan(a) & torch.isnan(b)) | (a == b))
+    bad = ~(within | same_non_finite)
+    max_abs = float(torch.where(both_finite, err, torch.zeros_like(err)).max())
+    # Relative error only where the reference is not tiny, where it would say nothing.
+    large = both_finite & (b.abs() >= max(tol, 1e-12))
+    max_rel = float(torch.where(large, err / b.abs(), torch.zeros_like(err)).max())
+    return bad, err, max_abs, max_rel
+
+
+@dataclass
+class _Tally:
+    """What compare_values gathers chunk by chunk: counts, maxima and the worst bad element."""
+
+    n_bad: int = 0
+    max_abs_err: float = 0.0  # every error is >= 0, so 0 is also the answer for no elements
+    max_rel_err: float = 0.0
+    worst_score: float = -1.0  # below any bad element's
+    worst: int = 0  # flat index of the worst bad element
+    worst_err: float = 0.0
+
+    def add(self, start: int, bad: torch.Tensor, err: torch.Tensor, max_abs: float, max_rel: float) -> None:
+        """One chunk, whose first element has flat index `start`."""
+        self.max_abs_err, self.max_rel_err = max(self.max_abs_err, max_abs), max(self.max_rel_err, max_rel)
+        n_bad = int(bad.sum())
+        if n_bad == 0:
+            return
+        self.n_bad += n_bad
+        # A non-finite error counts as the worst. argmax takes the first maximum, and a later
+        # chunk takes over only with a larger one: the first worst in flat order, as one argmax.
+        score = torch.where(bad, err.nan_to_num(nan=float("inf")), torch.full_like(err, -1.0))
+        local = int(score.argmax())
+        worst_here = float(score[local])
+        if worst_here > self.worst_score:
+            self.worst_score, self.worst, self.worst_err = worst_here, start + local, float(err[local])
 
 
 def compare_values(index: int, got: torch.Tensor, expected: torch.Tensor, tol: float) -> ValueCheck:
@@ -47,40 +116,29 @@ def compare_values(index: int, got: torch.Tensor, expected: torch.Tensor, tol: f
     in the thousands (a long sum) has rounding errors in proportion, also where one element
     happens to be near 0. A non-finite value where the reference is finite never passes; where
     the reference is non-finite, the same value (NaN, +Inf or -Inf) is required. Shapes and
-    dtypes must already agree."""
+    dtypes must already agree. Works through flat views in chunks (reshape copies a
+    non-contiguous output, in its own dtype), so float64 temporaries stay a few chunks' size."""
     numel = expected.numel()
-    if expected.dtype == torch.bool:
-        bad = got != expected
-        err = bad.to(torch.float64)
-        max_abs = max_rel = float(err.max()) if numel else 0.0
-    else:
-        a, b = got.to(torch.float64), expected.to(torch.float64)
-        err = (a - b).abs()
-        both_finite = torch.isfinite(a) & torch.isfinite(b)
-        scale = _scale(b)
-        within = both_finite & (err <= tol * scale + tol * b.abs())
-        same_non_finite = ~torch.isfinite(b) & ((torch.isnan(a) & torch.isnan(b)) | (a == b))
-        bad = ~(within | same_non_finite)
-        finite_err = torch.where(both_finite, err, torch.zeros_like(err))
-        max_abs = float(finite_err.max()) if numel else 0.0
-        # Relative error only where the reference is not tiny, where it would say nothing.
-        large = both_finite & (b.abs() >= max(tol, 1e-12))
-        max_rel = float(torch.where(large, err / b.abs(), torch.zeros_like(err)).max()) if numel else 0.0
-    n_bad = int(bad.sum())
-    if n_bad == 0:
-        return ValueCheck(None, max_abs, max_rel)
-    # Report the worst element; a non-finite one counts as the worst.
-    score = torch.where(bad, err.nan_to_num(nan=float("inf")), torch.full_like(err, -1.0))
-    flat = int(score.reshape(-1).argmax())
+    is_bool = expected.dtype == torch.bool
+    got_flat, exp_flat = got.reshape(-1), expected.reshape(-1)
+    scale = 1.0 if is_bool else _scale(exp_flat)
+    tally = _Tally()
+    for part in chunk_slices(numel):
+        g, e = got_flat[part], exp_flat[part]
+        bad, err, max_abs, max_rel = _bool_chunk(g, e) if is_bool else _value_chunk(g, e, tol, scale)
+        tally.add(part.start, bad, err, max_abs, max_rel)
+    if tally.n_bad == 0:
+        return ValueCheck(None, tally.max_abs_err, tally.max_rel_err)
+    flat = tally.worst
     where = tuple(int(i) for i in torch.unravel_index(torch.tensor(flat), expected.shape))
-    g, e = got.reshape(-1)[flat].item(), expected.reshape(-1)[flat].item()
-    worst = "" if expected.dtype == torch.bool else f", max abs err {_fmt(float(err.reshape(-1)[flat]))}"
-    got_s, exp_s = (str(g), str(e)) if expected.dtype == torch.bool else (_fmt(g), _fmt(e))
-    problem = (f"output {index}: {n_bad} of {numel} elements differ{worst} at index {where}: "
+    g, e = got_flat[flat].item(), exp_flat[flat].item()
+    worst = "" if is_bool else f", max abs err {_fmt(tally.worst_err)}"
+    got_s, exp_s = (str(g), str(e)) if is_bool else (_fmt(g), _fmt(e))
+    problem = (f"output {index}: {tally.n_bad} of {numel} elements differ{worst} at index {where}: "
                f"got {got_s}, expected {exp_s}")
-    if expected.dtype != torch.bool:
+    if not is_bool:
         problem += f" (rtol = {tol:g}, atol = {tol:g} x {scale:.3g}, the reference's scale)"
-    return ValueCheck(problem, max_abs, max_rel)
+    return ValueCheck(problem, tally.max_abs_err, tally.max_rel_err)
 
 
 def layout_problem(index: int, got: torch.Tensor, expected: torch.Tensor) -> str | None:

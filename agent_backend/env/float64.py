@@ -15,6 +15,8 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_map
 
+from agent_backend.env.compare import chunk_slices
+
 ACCURACY_FACTOR = 2.0
 # A result computed in fp32 passes through several fp32 roundings (log-softmax's backward: an exp,
 # a product, a difference), and two correct kernels that round in another order differ by a few
@@ -51,13 +53,20 @@ def evaluate(model: torch.nn.Module, inputs: list[torch.Tensor]) -> list[torch.T
 
 
 def relative_error(got: torch.Tensor, exact: torch.Tensor) -> float:
-    """||got - exact|| / ||exact|| over the elements where `exact` is finite (0 for bool)."""
+    """||got - exact|| / ||exact|| over the elements where `exact` is finite (0 for bool, inf
+    where `got` has a NaN among them). The sums of squares run in float64 over chunks of flat
+    views, so the temporaries stay a few chunks' size whatever the output's."""
     if not exact.is_floating_point():
         return 0.0
-    finite = torch.isfinite(exact)
-    diff = torch.where(finite, got.to(torch.float64) - exact, torch.zeros_like(exact))
-    norm = float(torch.where(finite, exact, torch.zeros_like(exact)).norm())
-    err = float(diff.norm())
+    got_flat, exact_flat = got.reshape(-1), exact.reshape(-1)
+    diff_squares = exact_squares = 0.0
+    for part in chunk_slices(exact_flat.numel()):
+        e = exact_flat[part].to(torch.float64)
+        finite = torch.isfinite(e)
+        diff = torch.where(finite, got_flat[part].to(torch.float64) - e, 0.0)
+        diff_squares += float(diff.square().sum())
+        exact_squares += float(torch.where(finite, e, 0.0).square().sum())
+    err, norm = math.sqrt(diff_squares), math.sqrt(exact_squares)
     if math.isnan(err):
         return math.inf
     return err / norm if norm > 0 else err
