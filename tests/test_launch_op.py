@@ -106,18 +106,20 @@ ONE = (1, 1, 1)
 @pytest.mark.parametrize("change, error", [
     ({"inputs": [([4], [1], "complex64")]}, "unknown dtype 'complex64'"),
     ({"inputs": [([4], [1, 1], "float32")]}, "shape and stride differ"),
-    ({"kernels": [(b"x", "k", (0, 1, 1), (1, 1, 1), 0, [], [], ONE, False)]}, "at least 1"),
-    ({"kernels": [(b"x", "k", (1, 1, 1), (1, 1, 1), 0, [], [], (0, 1, 1), False)]}, "at least 1"),
-    ({"kernels": [(b"x", "k", (6, 1, 1), (1, 1, 1), 0, [], [], (4, 1, 1), False)]}, "whole number of clusters"),
-    ({"kernels": [(b"x", "k", ONE, ONE, 0, [("ptr", 0)], [], ONE, False)]}, "unknown argument kind 'ptr'"),
-    ({"kernels": [(b"x", "k", ONE, ONE, 0, [("output", 3)], [], ONE, False)]}, "output 3 does not exist"),
-    ({"kernels": [(b"x", "k", ONE, ONE, 0, [("i32", 2**31)], [], ONE, False)]}, "i32 out of range"),
-    ({"kernels": [(b"x", "k", ONE, ONE, 0, [], [4, 4], ONE, False)]}, "alignment must name every input"),
-    ({"kernels": [(b"x", "k", ONE, ONE, 0, [("workspace", 0)], [], ONE, True)]}, "a workspace takes at least one byte"),
+    ({"kernels": [(b"x", "k", (0, 1, 1), (1, 1, 1), 0, [], [], ONE, False, False)]}, "at least 1"),
+    ({"kernels": [(b"x", "k", (1, 1, 1), (1, 1, 1), 0, [], [], (0, 1, 1), False, False)]}, "at least 1"),
+    ({"kernels": [(b"x", "k", (6, 1, 1), (1, 1, 1), 0, [], [], (4, 1, 1), False, False)]}, "whole number of clusters"),
+    ({"kernels": [(b"x", "k", ONE, ONE, 0, [("ptr", 0)], [], ONE, False, False)]}, "unknown argument kind 'ptr'"),
+    ({"kernels": [(b"x", "k", ONE, ONE, 0, [("output", 3)], [], ONE, False, False)]}, "output 3 does not exist"),
+    ({"kernels": [(b"x", "k", ONE, ONE, 0, [("i32", 2**31)], [], ONE, False, False)]}, "i32 out of range"),
+    ({"kernels": [(b"x", "k", ONE, ONE, 0, [], [4, 4], ONE, False, False)]}, "alignment must name every input"),
+    ({"kernels": [(b"x", "k", ONE, ONE, 0, [("workspace", 0)], [], ONE, True, False)]}, "a workspace takes at least one byte"),
+    ({"kernels": [(b"x", "k", ONE, ONE, 0, [], [], ONE, False, True)]}, "persistent launch is one of clusters"),
+    ({"kernels": [(b"x", "k", (8, 2, 1), ONE, 0, [], [], (4, 1, 1), False, True)]}, "clusters along x"),
 ])
 def test_the_native_table_checks_what_it_is_given(native, change, error):
     good = dict(inputs=[([4], [1], "float32")], outputs=[([4], [1], "float32")],
-                kernels=[(b"x", "k", ONE, ONE, 0, [("input", 0), ("output", 0)], [4], ONE, False)])
+                kernels=[(b"x", "k", ONE, ONE, 0, [("input", 0), ("output", 0)], [4], ONE, False, False)])
     with pytest.raises(ValueError, match=error):
         native.register_spec(f"bad {error}", "digest", -1, **{**good, **change})
 

@@ -2,7 +2,8 @@
 (called through torch.ops, or directly as compiled graphs and profiles call it), passes every
 argument kind intact, launches on the current stream, takes the kernel the inputs'
 alignment allows, raises the shared memory limit, launches a cooperative grid with scratch
-memory (eagerly and in a CUDA graph), is captured in a CUDA graph and replayed,
+memory (eagerly and in a CUDA graph), starts only the clusters of a persistent grid that fit, is
+captured in a CUDA graph and replayed,
 finds a key it does not know through the kernel cache, and runs a pointwise winner in a
 compiled model: through Inductor, under CUDA graphs (mode="reduce-overhead"), and replayed from
 Inductor's graph cache in a new process with no candidate code run."""
@@ -248,6 +249,46 @@ def test_a_cooperative_grid_with_its_workspace_eagerly_and_in_a_cuda_graph():
         graph.replay()
         torch.cuda.synchronize()
         torch.testing.assert_close(captured, x.sum().expand(blocks), rtol=1e-4, atol=1e-2)
+
+
+PERSISTENT_ROWS = r"""
+#include <cooperative_groups.h>
+extern "C" __global__ void __launch_bounds__(1024)
+persistent_rows(const float* x, float* out, int* clusters, int rows) {
+    // each cluster takes rows blockIdx.x / 8, + the clusters launched, ...; each block a slice of 1024
+    cooperative_groups::cluster_group cluster = cooperative_groups::this_cluster();
+    const int launched = gridDim.x / 8;
+    for (int row = blockIdx.x / 8; row < rows; row += launched) {
+        const int i = row * 8192 + cluster.block_rank() * 1024 + threadIdx.x;
+        out[i] = x[i] + 1.0f;
+    }
+    if (blockIdx.x == 0 && threadIdx.x == 0) clusters[0] = launched;
+}
+"""
+
+
+def test_a_persistent_cluster_launch_starts_only_the_clusters_that_fit():
+    """A grid of 4096 clusters of 8 blocks of 1024 threads (one an SM) is launched as only as many
+    clusters as the GPU holds at once (fewer than 132 / 8 + 1), which loop over the rows between
+    them: every row done, eagerly and in a CUDA graph."""
+    rows = 4096
+    args = (Arg.input(0), Arg.output(0), Arg.output(1), Arg("i32", rows))
+    kernel = KernelLaunch.compile(PERSISTENT_ROWS, "persistent_rows", grid=rows * 8, block=1024, args=args, cluster=8,
+                                  persistent=True)
+    spec = LaunchSpec((_vector(rows * 8192),), (_vector(rows * 8192), _vector(1, "int32")), (kernel,))
+    key = _registered("gpu persistent rows", spec)
+    x = torch.randn(rows * 8192, device="cuda")
+    out, launched = torch.ops.cuda_agent.launch.default(key, "", [x])
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    assert 1 <= int(launched) <= sms // 8, int(launched)
+    assert torch.equal(out, x + 1)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured, _ = torch.ops.cuda_agent.launch.in1(key, "", x)
+    x.copy_(torch.randn(rows * 8192, device="cuda"))
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(captured, x + 1)
 
 
 class Gate(nn.Module):

@@ -46,6 +46,10 @@ def test_launch_shapes_are_normalised():
     (lambda: _kernel(cubin=b""), "cubin"),
     (lambda: _kernel(cluster=(0,)), "cluster must be"),
     (lambda: _kernel(cluster=8), "whole number of clusters"),  # 12 blocks
+    (lambda: _kernel(persistent=1), "persistent must be a bool"),
+    (lambda: _kernel(persistent=True), "persistent launch is one of clusters"),
+    (lambda: _kernel(grid=(12, 2), cluster=4, persistent=True), "clusters along x"),
+    (lambda: _kernel(cluster=4, cooperative=True, persistent=True), "not cooperative"),
     (lambda: _spec(inputs=()), "at least one input"),
     (lambda: _spec(kernels=(_kernel(args=(Arg.input(2),)),)), "input 2 does not exist"),
     (lambda: _spec(kernels=(_kernel(args=(Arg.output(1),)),)), "output 1 does not exist"),
@@ -87,6 +91,16 @@ def test_a_cooperative_launch_and_its_workspace_go_through_json():
     assert data["kernels"][0]["cooperative"] is True and data["kernels"][0]["args"][-1] == ["workspace", 4096]
     assert LaunchSpec.from_json(data, binaries) == spec and spec.digest != _spec().digest
     assert "cooperative" not in _spec().to_json()[0]["kernels"][0]
+
+
+def test_a_persistent_launch_goes_through_json():
+    """A persistent cluster launch keeps its flag through JSON; specs without it are written as
+    before, so their digests do not change."""
+    spec = _spec(kernels=(_kernel(cluster=4, persistent=True),))
+    data, binaries = spec.to_json()
+    assert data["kernels"][0]["persistent"] is True and "persistent" not in _spec().to_json()[0]["kernels"][0]
+    assert LaunchSpec.from_json(data, binaries) == spec
+    assert spec.digest != _spec(kernels=(_kernel(cluster=4),)).digest
 
 
 def test_spec_round_trips_through_a_stored_cache_entry(tmp_path):

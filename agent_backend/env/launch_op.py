@@ -144,7 +144,7 @@ def register(key: str, spec: LaunchSpec, device: int | None) -> None:
     """Register `spec` under `key` and load its kernels on CUDA device `device` now (None:
     on each device's first launch). A key keeps its first spec; another one is a ValueError."""
     kernels = [(k.cubin, k.name, k.grid, k.block, k.shared_mem, [(a.kind, a.value) for a in k.args],
-                list(k.alignment), k.cluster, k.cooperative) for k in spec.kernels]
+                list(k.alignment), k.cluster, k.cooperative, k.persistent) for k in spec.kernels]
     native().register_spec(key, spec.digest, -1 if device is None else device, _layouts(spec.inputs),
                            _layouts(spec.outputs), kernels)
 

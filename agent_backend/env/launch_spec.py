@@ -82,7 +82,11 @@ class KernelLaunch:
     pointer must be a multiple of for this kernel to run (empty: no requirement). `cluster`:
     the blocks of one thread-block cluster in each dimension, which the grid must hold a whole
     number of (launched through cuLaunchKernelEx; (1, 1, 1): a plain launch). `cooperative`: a
-    cooperative launch, which fails rather than start a grid that cannot be resident at once."""
+    cooperative launch, which fails rather than start a grid that cannot be resident at once.
+    `persistent` (clusters only): the grid is the most blocks worth launching, and only as many
+    clusters as the GPU can hold at once are (cuOccupancyMaxActiveClusters, per device: it
+    depends on how the chip's SMs fall into GPCs), so the kernel must loop over its work by
+    gridDim; a cluster that waited for another to finish would double the time."""
 
     cubin: bytes
     arch: str
@@ -94,6 +98,7 @@ class KernelLaunch:
     alignment: tuple[int, ...] = ()
     cluster: tuple[int, int, int] = (1, 1, 1)
     cooperative: bool = False
+    persistent: bool = False
 
     def __post_init__(self):
         object.__setattr__(self, "arch", normalize_arch(self.arch))
@@ -110,6 +115,10 @@ class KernelLaunch:
             raise TypeError("args must be Arg values")
         if not isinstance(self.cooperative, bool):
             raise TypeError(f"cooperative must be a bool, got {self.cooperative!r}")
+        if not isinstance(self.persistent, bool):
+            raise TypeError(f"persistent must be a bool, got {self.persistent!r}")
+        if self.persistent and (self.cluster == (1, 1, 1) or self.cooperative or self.grid[1:] != (1, 1)):
+            raise ValueError("a persistent launch is one of clusters along x, not cooperative")
         if not 0 <= self.shared_mem < 2**31:
             raise ValueError(f"shared_mem must be a byte count, got {self.shared_mem}")
         if not all(isinstance(a, int) and a >= 1 for a in self.alignment):
@@ -118,13 +127,14 @@ class KernelLaunch:
     @classmethod
     def compile(cls, source: str, name: str, *, grid: int | Sequence[int], block: int | Sequence[int],
                 args: Sequence[Arg], shared_mem: int = 0, alignment: Sequence[int] = (),
-                cluster: int | Sequence[int] = 1, cooperative: bool = False, options: Sequence[str] = (),
-                arch: str | None = None) -> "KernelLaunch":
+                cluster: int | Sequence[int] = 1, cooperative: bool = False, persistent: bool = False,
+                options: Sequence[str] = (), arch: str | None = None) -> "KernelLaunch":
         """Compile `source` (NVRTC, else nvcc; cached by content) for `arch`, by default the
         current GPU's, and describe the launch of its kernel `name`."""
         arch = normalize_arch(arch) if arch is not None else current_arch()
         cubin = compile_cubin(source, arch=arch, options=options)
-        return cls(cubin, arch, name, grid, block, tuple(args), shared_mem, tuple(alignment), cluster, cooperative)
+        return cls(cubin, arch, name, grid, block, tuple(args), shared_mem, tuple(alignment), cluster, cooperative,
+                   persistent)
 
     @property
     def binary_name(self) -> str:
@@ -165,7 +175,8 @@ class LaunchSpec:
                     "alignment": list(k.alignment),
                     # written only where set: the specs cached before keep their digests
                     **({"cluster": list(k.cluster)} if k.cluster != (1, 1, 1) else {}),
-                    **({"cooperative": True} if k.cooperative else {})} for k in self.kernels]
+                    **({"cooperative": True} if k.cooperative else {}),
+                    **({"persistent": True} if k.persistent else {})} for k in self.kernels]
         spec = {"format": SPEC_FORMAT, "inputs": [s.to_json() for s in self.inputs],
                 "outputs": [s.to_json() for s in self.outputs], "kernels": kernels}
         return spec, {k.binary_name: k.cubin for k in self.kernels}
@@ -180,7 +191,7 @@ class LaunchSpec:
                 KernelLaunch(binaries[k["binary"]], k["binary"].split(":", 1)[0], k["name"], tuple(k["grid"]),
                              tuple(k["block"]), tuple(Arg(kind, value) for kind, value in k["args"]),
                              k["shared_mem"], tuple(k["alignment"]), tuple(k.get("cluster", (1, 1, 1))),
-                             k.get("cooperative", False) is True)
+                             k.get("cooperative", False) is True, k.get("persistent", False) is True)
                 for k in spec["kernels"])
             return cls(tuple(TensorSpec.from_json(s) for s in spec["inputs"]),
                        tuple(TensorSpec.from_json(s) for s in spec["outputs"]), kernels)

@@ -65,8 +65,9 @@ struct Driver {
   CUresult (*cuFuncSetAttribute)(CUfunction, int, int);
   CUresult (*cuLaunchKernel)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
                              unsigned, CUstream, void**, void**);
-  // Only cluster launches need it (CUDA 12+); nullptr where the driver lacks it.
+  // Only cluster launches need these (CUDA 12+); nullptr where the driver lacks them.
   CUresult (*cuLaunchKernelEx)(const LaunchConfig*, CUfunction, void**, void**);
+  CUresult (*cuOccupancyMaxActiveClusters)(int*, CUfunction, const LaunchConfig*);
 };
 
 template <typename F>
@@ -96,6 +97,8 @@ inline Driver load_driver() {
   bind_symbol(library, "cuFuncSetAttribute", d.cuFuncSetAttribute);
   bind_symbol(library, "cuLaunchKernel", d.cuLaunchKernel);
   d.cuLaunchKernelEx = reinterpret_cast<decltype(d.cuLaunchKernelEx)>(dlsym(library, "cuLaunchKernelEx"));
+  d.cuOccupancyMaxActiveClusters =
+      reinterpret_cast<decltype(d.cuOccupancyMaxActiveClusters)>(dlsym(library, "cuOccupancyMaxActiveClusters"));
   return d;
 }
 

@@ -32,6 +32,7 @@
 #include <torch/csrc/autograd/python_variable.h>
 #include <torch/library.h>
 
+#include <algorithm>
 #include <array>
 #include <atomic>
 #include <cstdint>
@@ -69,12 +70,14 @@ struct Kernel {
   std::array<unsigned, 3> grid{}, block{};
   std::array<unsigned, 3> cluster{1, 1, 1};  // blocks per thread-block cluster; all 1: a plain launch
   bool cooperative = false;                  // all blocks resident at once (grid.sync() in the kernel)
+  bool persistent = false;  // clusters looping over their work: no more launched than can be resident at once
   unsigned shared_mem = 0;
   std::vector<ArgKind> kinds;
   std::vector<int64_t> indices;     // of the input or output, for pointer arguments
   std::vector<ArgValue> constants;  // the value, for constants; the bytes, for a workspace
   std::vector<int64_t> alignment;   // per input, bytes; empty: none required
   std::array<std::atomic<CUfunction>, kMaxDevices> functions{};  // loaded on first use per device
+  std::array<unsigned, kMaxDevices> grid_x{};  // blocks launched along x per device, set with its function
 };
 
 struct Spec {
@@ -121,6 +124,26 @@ void* current_stream(c10::DeviceIndex device) {
   return stream;
 }
 
+bool clustered(const Kernel& kernel) { return kernel.cluster != std::array<unsigned, 3>{1, 1, 1}; }
+
+// A persistent kernel's blocks along x on this device: as many whole clusters as can be resident at
+// once, at most the grid's (on an H200, 15 clusters of 8 blocks that each fill an SM; a 16th would
+// start only when one of those ended).
+unsigned resident_grid_x(const Kernel& kernel, CUfunction function) {
+  const Driver& d = driver();
+  TORCH_CHECK(d.cuOccupancyMaxActiveClusters != nullptr,
+              "cuda_agent::launch: this CUDA driver has no cuOccupancyMaxActiveClusters (CUDA 12 or later)");
+  LaunchAttribute attribute{};
+  attribute.id = CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
+  attribute.value.cluster_dim = {kernel.cluster[0], kernel.cluster[1], kernel.cluster[2]};
+  const LaunchConfig config{kernel.grid[0],  kernel.grid[1],     kernel.grid[2], kernel.block[0], kernel.block[1],
+                            kernel.block[2], kernel.shared_mem, nullptr,        &attribute,      1};
+  int clusters = 0;
+  check(d.cuOccupancyMaxActiveClusters(&clusters, function, &config), "cuOccupancyMaxActiveClusters('" + kernel.name + "')");
+  TORCH_CHECK(clusters > 0, "cuda_agent::launch: no cluster of '", kernel.name, "' fits on this GPU");
+  return std::min(kernel.grid[0], static_cast<unsigned>(clusters) * kernel.cluster[0]);  // a grid along x only
+}
+
 // The kernel's function in `device`'s context (the current one), loaded on first use there.
 CUfunction function_on(Kernel& kernel, c10::DeviceIndex device) {
   TORCH_CHECK(device >= 0 && static_cast<size_t>(device) < kMaxDevices, "bad CUDA device index ", static_cast<int>(device));
@@ -141,7 +164,8 @@ CUfunction function_on(Kernel& kernel, c10::DeviceIndex device) {
                                static_cast<int>(kernel.shared_mem)),
           "cuFuncSetAttribute(max dynamic shared memory = " + std::to_string(kernel.shared_mem) + ")");
   }
-  kernel.functions[device].store(function, std::memory_order_release);
+  kernel.grid_x[device] = kernel.persistent ? resident_grid_x(kernel, function) : kernel.grid[0];
+  kernel.functions[device].store(function, std::memory_order_release);  // publishes grid_x too
   return function;
 }
 
@@ -251,13 +275,11 @@ Kernel* choose_kernel(const Spec& spec, at::TensorList inputs) {
   return nullptr;
 }
 
-bool clustered(const Kernel& kernel) { return kernel.cluster != std::array<unsigned, 3>{1, 1, 1}; }
-
-void launch(const Kernel& kernel, CUfunction function, CUstream stream, void** params) {
+void launch(const Kernel& kernel, unsigned grid_x, CUfunction function, CUstream stream, void** params) {
   const Driver& d = driver();
   CUresult status;
   if (!clustered(kernel) && !kernel.cooperative) {
-    status = d.cuLaunchKernel(function, kernel.grid[0], kernel.grid[1], kernel.grid[2], kernel.block[0],
+    status = d.cuLaunchKernel(function, grid_x, kernel.grid[1], kernel.grid[2], kernel.block[0],
                               kernel.block[1], kernel.block[2], kernel.shared_mem, stream, params, nullptr);
   } else {
     TORCH_CHECK(d.cuLaunchKernelEx != nullptr, "cuda_agent::launch: this CUDA driver has no cuLaunchKernelEx: "
@@ -272,7 +294,7 @@ void launch(const Kernel& kernel, CUfunction function, CUstream stream, void** p
       attributes[count].id = CU_LAUNCH_ATTRIBUTE_COOPERATIVE;
       attributes[count++].value.cooperative = 1;
     }
-    const LaunchConfig config{kernel.grid[0],  kernel.grid[1],     kernel.grid[2], kernel.block[0], kernel.block[1],
+    const LaunchConfig config{grid_x,          kernel.grid[1],     kernel.grid[2], kernel.block[0], kernel.block[1],
                               kernel.block[2], kernel.shared_mem, stream,         attributes,      count};
     status = d.cuLaunchKernelEx(&config, function, params, nullptr);
   }
@@ -326,7 +348,8 @@ std::string launch_spec(Spec& spec, at::TensorList inputs, std::vector<at::Tenso
     }
     params[a] = &values[a];
   }
-  launch(kernel, function, static_cast<CUstream>(current_stream(device.index())), params);
+  launch(kernel, kernel.grid_x[device.index()], function, static_cast<CUstream>(current_stream(device.index())),
+         params);
   spec.launches.fetch_add(1, std::memory_order_relaxed);
   return "";
 }
@@ -439,7 +462,7 @@ PyMethodDef launch_direct_def = {
 using LayoutData = std::tuple<std::vector<int64_t>, std::vector<int64_t>, std::string>;
 using ArgData = std::pair<std::string, py::object>;
 using KernelData = std::tuple<py::bytes, std::string, std::array<int64_t, 3>, std::array<int64_t, 3>, int64_t,
-                              std::vector<ArgData>, std::vector<int64_t>, std::array<int64_t, 3>, bool>;
+                              std::vector<ArgData>, std::vector<int64_t>, std::array<int64_t, 3>, bool, bool>;
 
 [[noreturn]] void refuse(const std::string& why) { throw std::invalid_argument("launch spec: " + why); }
 
@@ -468,7 +491,7 @@ unsigned to_unsigned(int64_t value, const char* what) {
 }
 
 std::unique_ptr<Kernel> kernel_of(const KernelData& data, size_t n_inputs, size_t n_outputs) {
-  const auto& [image, name, grid, block, shared_mem, args, alignment, cluster, cooperative] = data;
+  const auto& [image, name, grid, block, shared_mem, args, alignment, cluster, cooperative, persistent] = data;
   auto kernel = std::make_unique<Kernel>();
   kernel->image = std::string(image);
   kernel->name = name;
@@ -481,6 +504,10 @@ std::unique_ptr<Kernel> kernel_of(const KernelData& data, size_t n_inputs, size_
   }
   kernel->shared_mem = to_unsigned(shared_mem, "shared_mem");
   kernel->cooperative = cooperative;
+  kernel->persistent = persistent;
+  if (persistent && (!clustered(*kernel) || cooperative || grid[1] != 1 || grid[2] != 1)) {
+    refuse("a persistent launch is one of clusters along x, not cooperative");
+  }
   if (args.size() > kMaxArgs) refuse("a kernel takes at most " + std::to_string(kMaxArgs) + " arguments");
   if (!alignment.empty() && alignment.size() != n_inputs) refuse("alignment must name every input");
   for (int64_t a : alignment) {
@@ -570,7 +597,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("outputs"), py::arg("kernels"),
         "Register a spec under `key` and load its kernels on CUDA device `device`. inputs/outputs: "
         "(sizes, strides, dtype name); kernels: (cubin, name, grid, block, shared_mem, [(kind, value)], alignment, "
-        "cluster, cooperative).");
+        "cluster, cooperative, persistent).");
   m.add_object("launch", py::reinterpret_steal<py::object>(PyCFunction_New(&launch_direct_def, nullptr)));
   m.def("launch_count", &launch_count, py::arg("key"), "Launches made under `key` (-1: not registered).");
 }
