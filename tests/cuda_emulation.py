@@ -106,9 +106,12 @@ def _flat(t: torch.Tensor) -> bytes:
 def run(source: str, name: str, launch: tuple, inputs: list[torch.Tensor], outputs: list[TensorSpec],
         workdir: Path) -> list[torch.Tensor]:
     """Launch kernel `name` of `source` with launch = (grid, block, shared bytes, cluster,
-    workspace bytes) on CPU `inputs`; the outputs (filled with NaN bytes first, so an unwritten
-    element shows). A workspace (of 0xff bytes) makes the launch cooperative."""
-    grid, block, shared, cluster, workspace = launch
+    workspace bytes, persistent) on CPU `inputs`; the outputs (filled with NaN bytes first, so an
+    unwritten element shows). A workspace (of 0xff bytes) makes the launch cooperative. A
+    persistent grid is launched as two clusters (as if only two fit), which loop over the rest."""
+    grid, block, shared, cluster, workspace, persistent = launch
+    if persistent:
+        grid = min(grid, 2 * cluster)
     block = tuple(block) + (1,) * (2 - len(block))
     params = [f"reinterpret_cast<const {operand_info(t.dtype).storage}*>(buffers[{k}].data())"
               for k, t in enumerate(inputs)]

@@ -268,9 +268,9 @@ persistent_rows(const float* x, float* out, int* clusters, int rows) {
 
 
 def test_a_persistent_cluster_launch_starts_only_the_clusters_that_fit():
-    """A grid of 4096 clusters of 8 blocks of 1024 threads (one an SM) is launched as only as many
-    clusters as the GPU holds at once (fewer than 132 / 8 + 1), which loop over the rows between
-    them: every row done, eagerly and in a CUDA graph."""
+    """A grid of 4096 clusters of 8 blocks of 1024 threads is launched as only as many clusters as
+    the GPU holds at once (at most two blocks of 1024 an SM: on an H200, 30), which loop over the
+    rows between them: every row done, eagerly and in a CUDA graph."""
     rows = 4096
     args = (Arg.input(0), Arg.output(0), Arg.output(1), Arg("i32", rows))
     kernel = KernelLaunch.compile(PERSISTENT_ROWS, "persistent_rows", grid=rows * 8, block=1024, args=args, cluster=8,
@@ -280,7 +280,7 @@ def test_a_persistent_cluster_launch_starts_only_the_clusters_that_fit():
     x = torch.randn(rows * 8192, device="cuda")
     out, launched = torch.ops.cuda_agent.launch.default(key, "", [x])
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    assert 1 <= int(launched) <= sms // 8, int(launched)
+    assert 1 <= int(launched) * 8 <= 2 * sms, int(launched)
     assert torch.equal(out, x + 1)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):

@@ -137,6 +137,14 @@ LONG = {
     "shared_two_rows_a_block": (lambda: resized(case_task("layernorm", bf16), (5, 999), (999,), (999,)),
                                 Launch(64, 2, 1, "shared")),
     "register_cluster": (lambda: resized(case_task("softmax", f32), (3, 2000)), Launch(64, 1, 4, "registers", 4)),
+    # persistent clusters (two launched, looping over the rows): an odd count of rows, slices of
+    # unequal length, two passes
+    "persistent_cluster": (lambda: resized(case_task("softmax", f32), (5, 2000)),
+                           Launch(64, 1, 4, "registers", 4, persistent=True)),
+    "persistent_cluster_unequal": (lambda: resized(case_task("log_softmax", bf16), (7, 4097)),
+                                   Launch(32, 1, 1, "registers", 8, persistent=True)),
+    "persistent_layernorm": (lambda: resized(case_task("layernorm", f32), (3, 3000), (3000,), (3000,)),
+                             Launch(32, 1, 4, "registers", 8, persistent=True)),
     "shared_cluster_unequal_slices": (lambda: resized(case_task("softmax", f16), (2, 4097)),
                                       Launch(64, 1, 1, "shared", 4)),
     "layernorm_cluster": (lambda: resized(case_task("layernorm", f32), (2, 3000), (3000,), (3000,)),
@@ -199,6 +207,8 @@ ONLINE = {
     "lanes_logsumexp_dim1": (lambda: case_task("logsumexp_dim1", f32, (3, 70, 16)), Launch(8, 2, 8, split=2)),
     "split_softmax": (lambda: resized(case_task("softmax", bf16), (2, 2000)), Launch(32, 1, 8, split=4)),
     "shared_cluster_softmax": (lambda: resized(case_task("softmax", f16), (2, 4097)), Launch(64, 1, 1, "shared", 4)),
+    "persistent_softmax": (lambda: resized(case_task("softmax", bf16), (9, 2000)),
+                           Launch(32, 1, 8, "registers", 4, persistent=True)),
 }
 
 

@@ -361,7 +361,7 @@ def test_columns_are_read_a_vector_across_them_and_few_are_split():
     assert "out0[out0_base + 7] = float_to_bf16(v1_w7);" in source
     # where the data is not aligned, one element an access: 8 times the blocks, an eighth the split
     program = model_source(plan, configs[0])
-    assert "MAIN_ALIGNMENT = (16,)" in program and "FALLBACK_LAUNCH = (192, (8, 32), 0, 1, 12288)" in program
+    assert "MAIN_ALIGNMENT = (16,)" in program and "FALLBACK_LAUNCH = (192, (8, 32), 0, 1, 12288, False)" in program
     tall = build_plan(resized(case_task("sum_columns", f32), (16384, 4096)))
     assert [tag(tall, c) for c in launch_configs(tall) if not c.no_l1] == [
         "y32r8w4g4", "y32r8w4g2", "y8r32w4g16", "y8r32w4g8", "y32r32"]
@@ -591,7 +591,8 @@ def test_long_rows_of_many_rows_are_also_offered_prefetched():
     assert "for (idx_t row = (idx_t)blockIdx.x; row < 512; row += gridDim.x) {" in source
     assert "cp.async.cg.shared.global" in source and source.count("rows_prefetch16(&next0[e * 512 + t]") == 2
     program = model_source(plan, launch)
-    assert "MAIN_LAUNCH = (132, (512,), 65536, 1, 0)" in program and "FALLBACK_LAUNCH = (512, (512,), 0, 1, 0)" in program
+    assert "MAIN_LAUNCH = (132, (512,), 65536, 1, 0, False)" in program
+    assert "FALLBACK_LAUNCH = (512, (512,), 0, 1, 0, False)" in program
     assert not any(c.prefetch for c in launch_configs(build_plan(resized(case_task("softmax", bf16), (4096, 8192)))))
     assert not any(c.prefetch for c in launch_configs(build_plan(case_task("groupnorm", bf16, (32, 16, 64, 128)))))
     with pytest.raises(ValueError, match="prefetching block"):
@@ -632,8 +633,9 @@ def test_launch_shapes_follow_the_row_length():
         "t256r1v4sg16o", "t256r1v4g16o", "t128r1v4g32o", "t256r1v4sg16"]
     assert _tags(resized(case_task("softmax", bf16), (16, 393216))) == [
         "t256r1v8sg32o", "t256r1v8g16o", "t128r1v8g32o", "t256r1v8sg32"]
-    # fewer rows than SMs, too many to split: a cluster each (fp32: 8 blocks of 192 KB)
-    assert _tags(resized(case_task("softmax", f32), (64, 393216))) == ["t1024r1v4sc8o", "t1024r1v4sc8"]
+    # fewer rows than SMs, too many to split: a cluster each (fp32: 8 blocks of 192 KB), and more
+    # than fit at once, so also persistent clusters holding them in registers ("P")
+    assert _tags(resized(case_task("softmax", f32), (64, 393216))) == ["t1024r1v4sc8o", "t1024r1v4c8Po", "t1024r1v4sc8"]
     # a sum streams: few long rows are split over a grid, or a cluster; it writes a value a row,
     # so its first two shapes that give every SM a block are offered loading past L1 too ("n"):
     # none for one row of 393216 (64 blocks at most), the splits of 16 such rows or of a loss
@@ -877,3 +879,25 @@ def test_cluster_candidates_are_launch_specs_with_their_cluster(monkeypatch):
         ((512, 1, 1), (1024, 1, 1), 196608, (8, 1, 1)),
         ((512, 1, 1), (1024, 1, 1), shared_bytes(plan, Launch(1024, 1, 1, launch.storage, 8)), (8, 1, 1))]
     assert spec.kernels[0].alignment == (16,)
+
+
+def test_many_long_rows_are_offered_persistent_clusters():
+    """KernelBench's softmax rows (393216), more of them than clusters fit at once: a row over a
+    persistent cluster of 8 blocks of 1024 threads, held in registers; its source loops over rows
+    by the clusters launched, loads the next row's vector where it stores this row's, and keeps
+    the cluster's partials in two slots by row parity; its program asks for a persistent launch.
+    Few rows (16: split over a grid instead) and plans writing a value a row get none."""
+    for dtype, words in ((bf16, 24), (f32, 48)):
+        plan = build_plan(resized(case_task("softmax", dtype), (1024, 393216)), online=True)
+        (launch,) = [c for c in launch_configs(plan) if c.persistent]
+        assert (launch.threads, launch.cluster, launch.storage) == (1024, 8, "registers") and _words(plan, launch) == words
+        assert tag(plan, launch) == f"t1024r1v{plan.vector_width}c8Po"
+        source = kernel_source(plan, "k", launch)
+        assert "for (idx_t row = (idx_t)blockIdx.x / 8; row < 1024; row += clusters, parity ^= 1) {" in source
+        assert "if (next_ok) buf0[e] = " in source and "a0_next + j0" in source
+        assert re.search(r"cred0\[parity\] = acc\d+;", source) and "__shared__ float cred0[2];" in source
+        assert "MAIN_LAUNCH = (8192, (1024,), 0, 8, 0, True)" in model_source(plan, launch)
+    assert not any(c.persistent for c in launch_configs(build_plan(resized(case_task("softmax", bf16), (16, 393216)))))
+    assert not any(c.persistent for c in launch_configs(build_plan(resized(case_task("logsumexp", f32), (1024, 393216)))))
+    with pytest.raises(ValueError, match="persistent cluster"):
+        kernel_source(plan, "k", Launch(1024, 1, 4, "shared", 8, persistent=True))

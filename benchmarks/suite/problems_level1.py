@@ -111,6 +111,9 @@ def images(d):
 
 
 LONG_ROWS = {"rows": 16, "cols": 393216}
+# KernelBench level 1's rows (its batch is 4096: 6.4 GB in fp32, more than the verifier can hold
+# on an H200, since it keeps every trial's inputs and outputs alive to the end)
+MANY_LONG_ROWS = {"rows": 1024, "cols": 393216}
 WIDE = {"rows": 4096, "cols": 8192}
 SMALL_ROWS = {"rows": 4, "cols": 64}
 
@@ -127,6 +130,7 @@ PROBLEMS = [
     _dim_op("sum_columns", "sum", {"rows": 16384, "cols": 4096}, dim=0),
     _dim_op("softmax", "softmax", WIDE),
     _dim_op("softmax_long_rows", "softmax", LONG_ROWS),
+    _dim_op("softmax_many_long_rows", "softmax", MANY_LONG_ROWS),
     _dim_op("log_softmax", "log_softmax", WIDE),
     _dim_op("logsumexp", "logsumexp", WIDE),
     _dim_op("cumsum_rows", "cumsum", {"rows": 8192, "cols": 4096}),

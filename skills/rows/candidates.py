@@ -8,7 +8,7 @@ import string
 from agent_backend.specs import Candidate
 from skills.pointwise.errors import Unsupported
 
-from .codegen import (TYPICAL_SM_COUNT, WARP, Launch, blocks_per_sm, buffer_bytes, can_prefetch, grid_blocks,
+from .codegen import (TYPICAL_SM_COUNT, WARP, Launch, blocks_per_sm, buffer_bytes, can_persist, can_prefetch, grid_blocks,
                       is_vector_access, keeps_values, kernel_source, lanes, lanes_fit, shared_bytes, streamed_access,
                       vectors_per_thread, workspace_bytes)
 from .plan import RowPlan
@@ -30,6 +30,7 @@ SPLIT_REGISTER_WORDS = 96
 # kernel needs besides its slice (indices, partials, the epilogue's values).
 REGISTER_FILE, MAX_THREAD_REGISTERS, OTHER_REGISTERS = 64 * 1024, 255, 32
 MAX_BLOCK = 1024
+PERSISTENT_WORDS = 48  # registers a thread of a persistent cluster holds its part of the row in (_persistent_clusters)
 # A row held on chip at least this long is also offered prefetched (one block an SM): on an H200,
 # GroupNorm over 512 rows of 64 KB ran 1.16x faster so; softmax's rows of 16 KB fill an SM with
 # several blocks already, whose loads overlap one another's work.
@@ -183,7 +184,23 @@ def _along_rows(plan: RowPlan) -> list[Launch]:
                         break
                     cluster *= 2
         configs += split
+        configs += _persistent_clusters(plan)
     return configs
+
+
+def _persistent_clusters(plan: RowPlan) -> list[Launch]:
+    """Rows too long for a block and too many for a cluster each at once (KernelBench's softmax
+    over 4096 x 393216): a row over a cluster of MAX_CLUSTER blocks of MAX_BLOCK threads held in
+    registers (at most PERSISTENT_WORDS a thread), the clusters persistent (Launch.persistent).
+    On an H200 (2026-11-27, benchmarks/results/persistent_probe-h200-...) a hand-written kernel
+    of this structure ran at 85% of a copy's rate in bf16 (1.80x Inductor; 512 threads, float
+    sums, no spills) and 88% in fp32 (1.40x); the generated one, which spills a few registers
+    (double sums), at 0.94-0.96x Inductor: offered, and kept only where it wins. Half the
+    threads, twice the words, spilled more (0.56x)."""
+    if plan.rows * MAX_CLUSTER <= TYPICAL_SM_COUNT:
+        return []
+    shape = Launch(MAX_BLOCK, 1, plan.vector_width, "registers", MAX_CLUSTER, persistent=True)
+    return [shape] if can_persist(plan, shape) and _words(plan, shape) <= PERSISTENT_WORDS else []
 
 
 def _prefetching(plan: RowPlan, held: list[Launch]) -> list[Launch]:
@@ -287,7 +304,8 @@ def tag(plan: RowPlan, launch: Launch) -> str:
     return (f"t{launch.threads}r{launch.rows}v{launch.width}"
             + ("s" if launch.storage == "shared" and plan.stored else "")
             + (f"c{launch.cluster}" if launch.cluster > 1 else "") + (f"g{launch.split}" if launch.split > 1 else "")
-            + ("p" if launch.prefetch else "") + ("n" if launch.no_l1 else "") + ("o" if plan.online else ""))
+            + ("p" if launch.prefetch else "") + ("P" if launch.persistent else "") + ("n" if launch.no_l1 else "")
+            + ("o" if plan.online else ""))
 
 
 def propose_candidates(plan: RowPlan) -> list[Candidate]:
@@ -304,7 +322,7 @@ OUTPUTS = $outputs
 KERNEL_NAME = "$name"
 
 MAIN_SOURCE = r\'\'\'$main_source\'\'\'
-MAIN_LAUNCH = $main_launch  # (grid, block, dynamic shared memory, cluster, split-row workspace bytes)
+MAIN_LAUNCH = $main_launch  # (grid, block, dynamic shared memory, cluster, split-row workspace bytes, persistent)
 # Bytes each input's data pointer must be a multiple of for MAIN's vector loads; where one is
 # not, FALLBACK (the same computation, one element per access) runs instead.
 MAIN_ALIGNMENT = $alignment
@@ -324,11 +342,11 @@ from agent_backend.specs import TensorSpec
 
 
 def _launch(source, launch, alignment=()):
-    grid, block, shared, cluster, workspace = launch
+    grid, block, shared, cluster, workspace, persistent = launch
     # a split row's blocks synchronise the grid: a cooperative launch, given its workspace
     return KernelLaunch.compile(source, KERNEL_NAME, grid=grid, block=block,
                                 args=ARGS + ([Arg.workspace(workspace)] if workspace else []), shared_mem=shared,
-                                alignment=alignment, cluster=cluster, cooperative=workspace > 0)
+                                alignment=alignment, cluster=cluster, cooperative=workspace > 0, persistent=persistent)
 
 
 KERNELS = [_launch(MAIN_SOURCE, MAIN_LAUNCH, MAIN_ALIGNMENT)]
@@ -339,9 +357,10 @@ ModelNew = launch_spec_model(LaunchSpec(inputs=[TensorSpec(*s, "cuda") for s in 
 ''')
 
 def launch_arguments(plan: RowPlan, launch: Launch) -> tuple:
-    """(grid, block, dynamic shared memory, cluster size, workspace bytes of a split row)."""
+    """(grid, block, dynamic shared memory, cluster size, workspace bytes of a split row, persistent)."""
     block = (launch.threads * launch.rows,) if plan.along_rows else (launch.rows, launch.threads)
-    return grid_blocks(plan, launch), block, shared_bytes(plan, launch), launch.cluster, workspace_bytes(plan, launch)
+    return (grid_blocks(plan, launch), block, shared_bytes(plan, launch), launch.cluster, workspace_bytes(plan, launch),
+            launch.persistent)
 
 
 def model_source(plan: RowPlan, launch: Launch) -> str:
