@@ -87,11 +87,12 @@ def test_backward_tasks_pass_the_environment(env, name, dtype):
 
 
 # (case, dtype, shapes of its inputs): odd row lengths, one row and many, long rows (clusters where
-# too many to split over a grid: 64 x 393216)
+# too many to split over a grid: 64 x 393216; persistent clusters too where more than fit at once,
+# an odd count of them: 33 x 393216)
 SHAPES = [
     ("softmax", f16, [(1, 7)]), ("softmax", f16, [(64, 7)]), ("softmax", f32, [(5, 1)]),
     ("softmax", f16, [(1, 4097)]), ("softmax", bf16, [(4096, 1000)]), ("softmax", f32, [(16, 393216)]),
-    ("softmax", f32, [(64, 393216)]),
+    ("softmax", f32, [(64, 393216)]), ("softmax", bf16, [(33, 393216)]), ("log_softmax", f32, [(40, 393216)]),
     ("softmax", bf16, [(3, 393216)]), ("softmax", bf16, [(16, 393216)]), ("log_softmax", bf16, [(16, 393216)]),
     ("log_softmax", bf16, [(16, 32000)]),
     ("layernorm", bf16, [(5, 1), (1,), (1,)]), ("layernorm", f16, [(1, 4097), (4097,), (4097,)]),

@@ -883,18 +883,22 @@ def test_cluster_candidates_are_launch_specs_with_their_cluster(monkeypatch):
 
 def test_many_long_rows_are_offered_persistent_clusters():
     """KernelBench's softmax rows (393216), more of them than clusters fit at once: a row over a
-    persistent cluster of 8 blocks of 1024 threads, held in registers; its source loops over rows
-    by the clusters launched, loads the next row's vector where it stores this row's, and keeps
+    persistent cluster of 8 blocks, held in registers, at the fewest threads holding at most 48
+    words a thread and at 1024; its source loops over rows by the clusters launched, loads the
+    next row's vector (the last row's own again: no branch) where it stores this row's, and keeps
     the cluster's partials in two slots by row parity; its program asks for a persistent launch.
     Few rows (16: split over a grid instead) and plans writing a value a row get none."""
-    for dtype, words in ((bf16, 24), (f32, 48)):
+    for dtype, shapes in ((bf16, [(512, 48), (1024, 24)]), (f32, [(1024, 48)])):
         plan = build_plan(resized(case_task("softmax", dtype), (1024, 393216)), online=True)
-        (launch,) = [c for c in launch_configs(plan) if c.persistent]
-        assert (launch.threads, launch.cluster, launch.storage) == (1024, 8, "registers") and _words(plan, launch) == words
+        persistent = [c for c in launch_configs(plan) if c.persistent]
+        assert [(c.threads, _words(plan, c)) for c in persistent] == shapes
+        launch = persistent[-1]
+        assert (launch.cluster, launch.storage) == (8, "registers")
         assert tag(plan, launch) == f"t1024r1v{plan.vector_width}c8Po"
         source = kernel_source(plan, "k", launch)
         assert "for (idx_t row = (idx_t)blockIdx.x / 8; row < 1024; row += clusters, parity ^= 1) {" in source
-        assert "if (next_ok) buf0[e] = " in source and "a0_next + j0" in source
+        assert "const idx_t next_row = row + clusters < 1024 ? row + clusters : row;" in source
+        assert re.search(r"\n +buf0\[e\] = \*reinterpret_cast<[^;]*a0_next \+ j0\);", source)
         assert re.search(r"cred0\[parity\] = acc\d+;", source) and "__shared__ float cred0[2];" in source
         assert "MAIN_LAUNCH = (8192, (1024,), 0, 8, 0, True)" in model_source(plan, launch)
     assert not any(c.persistent for c in launch_configs(build_plan(resized(case_task("softmax", bf16), (16, 393216)))))

@@ -190,17 +190,19 @@ def _along_rows(plan: RowPlan) -> list[Launch]:
 
 def _persistent_clusters(plan: RowPlan) -> list[Launch]:
     """Rows too long for a block and too many for a cluster each at once (KernelBench's softmax
-    over 4096 x 393216): a row over a cluster of MAX_CLUSTER blocks of MAX_BLOCK threads held in
-    registers (at most PERSISTENT_WORDS a thread), the clusters persistent (Launch.persistent).
+    over 4096 x 393216): a row over a cluster of MAX_CLUSTER blocks held in registers, the
+    clusters persistent (Launch.persistent).
+    Offered at the fewest threads holding at most PERSISTENT_WORDS a thread, and at MAX_BLOCK.
     On an H200 (2026-11-27, benchmarks/results/persistent_probe-h200-...) a hand-written kernel
-    of this structure ran at 85% of a copy's rate in bf16 (1.80x Inductor; 512 threads, float
-    sums, no spills) and 88% in fp32 (1.40x); the generated one, which spills a few registers
-    (double sums), at 0.94-0.96x Inductor: offered, and kept only where it wins. Half the
-    threads, twice the words, spilled more (0.56x)."""
+    of this structure ran at 85% of a copy's rate in bf16 (1.80x Inductor; 512 threads) and 88%
+    in fp32 (1.40x); in the suite over 1024 x 393216 the generated ones won 1.40x (bf16) and
+    1.17x (fp32), both at 1024 threads (suite-h200-...-twentyseventh-persistent.*)."""
     if plan.rows * MAX_CLUSTER <= TYPICAL_SM_COUNT:
         return []
-    shape = Launch(MAX_BLOCK, 1, plan.vector_width, "registers", MAX_CLUSTER, persistent=True)
-    return [shape] if can_persist(plan, shape) and _words(plan, shape) <= PERSISTENT_WORDS else []
+    shapes = [Launch(t, 1, plan.vector_width, "registers", MAX_CLUSTER, persistent=True)
+              for t in (MAX_BLOCK // 4, MAX_BLOCK // 2, MAX_BLOCK)]
+    shapes = [c for c in shapes if can_persist(plan, c) and _words(plan, c) <= PERSISTENT_WORDS]
+    return list(dict.fromkeys(shapes[:1] + shapes[-1:]))
 
 
 def _prefetching(plan: RowPlan, held: list[Launch]) -> list[Launch]:
