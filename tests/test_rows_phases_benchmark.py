@@ -1,4 +1,4 @@
-"""benchmarks/rows_phases.py on the CPU: its hand-written kernels build for sm_90 under their
+"""benchmarks/rows_phases.py and rows_persistent.py on the CPU: their hand-written kernels build for sm_90 under their
 launch bounds, without spilling, for both dtypes."""
 from __future__ import annotations
 
@@ -36,3 +36,13 @@ def _compiles_without_spilling(path, source: str) -> None:
                str(path)]
     result = subprocess.run(command, capture_output=True, text=True)
     assert result.returncode == 0 and not result.stderr.strip(), (path.name, result.stderr)
+
+
+@pytest.mark.skipif(_nvcc() is None, reason="needs nvcc")
+@pytest.mark.parametrize("dtype, defines", [("bf16", dict(T=512)), ("fp32", dict(T=1024)),
+                                            ("bf16", dict(T=512, MINB=2, HOLD=0)), ("fp32", dict(T=512, MINB=2, HOLD=0))])
+def test_the_persistent_cluster_probes_compile_without_spilling(tmp_path, dtype, defines):
+    """benchmarks/rows_persistent.py's shapes that ran fastest (rows held in registers, 48 words a
+    thread, the next row loaded as this one is stored; rows read again from L2): no spills."""
+    from benchmarks.rows_persistent import source
+    _compiles_without_spilling(tmp_path / f"persistent_{dtype}.cu", source(dtype, **defines))

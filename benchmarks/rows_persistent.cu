@@ -1,0 +1,184 @@
+// benchmarks/rows_persistent.py's kernels (defines: E, VW, C, THREADS, MINB, ROWS, ROWLEN, HOLD,
+// PREFETCH, NV, U, NOL1, STCS). Softmax over many long rows: each row over a cluster of C blocks, the grid
+// persistent (NCL clusters, rows strided), the row's (max, sum) through distributed shared memory.
+// HOLD 1: each thread's NV vectors of the slice in registers; the next row's vector e is loaded
+//         into the register just stored from (PREFETCH 1), so one row's stores overlap the next
+//         row's loads. HOLD 0: the slice streamed twice, the second pass hitting L2.
+#include <cooperative_groups.h>
+namespace cg = cooperative_groups;
+struct bf16 { unsigned short bits; };
+template <typename T, int N> struct alignas(sizeof(T) * N) Vec { T v[N]; };
+__device__ __forceinline__ float tof(float x) { return x; }
+__device__ __forceinline__ float tof(bf16 h) { return __uint_as_float(((unsigned)h.bits) << 16); }
+__device__ __forceinline__ void fromf(float f, float& o) { o = f; }
+__device__ __forceinline__ void fromf(float f, bf16& o) { asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(o.bits) : "f"(f)); }
+__device__ __forceinline__ float ex2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+#define L2E 1.44269504088896341f
+#define NEG_INF __int_as_float(0xff800000)
+typedef Vec<E, VW> V;
+#define SLICE (ROWLEN / C)  // elements a block
+#define NVS (SLICE / VW)    // vectors a block
+__device__ __forceinline__ float2 merge(float2 a, float2 b) {
+  const float m = fmaxf(a.x, b.x);
+  if (m == NEG_INF) return a;
+  return make_float2(m, a.y * ex2((a.x - m) * L2E) + b.y * ex2((b.x - m) * L2E));
+}
+__device__ __forceinline__ V ld(const V* p) {
+#if NOL1
+  V r;
+  static_assert(sizeof(V) == 16, "16-byte vectors");
+  uint4 u;
+  asm("ld.global.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];" : "=r"(u.x), "=r"(u.y), "=r"(u.z), "=r"(u.w) : "l"(p));
+  *reinterpret_cast<uint4*>(&r) = u;
+  return r;
+#else
+  return *p;
+#endif
+}
+__device__ __forceinline__ void st(V* p, V v) {
+#if STCS
+  __stcs(reinterpret_cast<float4*>(p), *reinterpret_cast<float4*>(&v));
+#else
+  *p = v;
+#endif
+}
+
+// the row's (max, sum) from each thread's pair: warps, the block, then the cluster's slots
+__device__ __forceinline__ float2 row_pair(float2 p, float2* red, float2* slot, cg::cluster_group& cluster) {
+  const int t = threadIdx.x;
+  #pragma unroll
+  for (int k = 16; k > 0; k >>= 1)
+    p = merge(p, make_float2(__shfl_xor_sync(~0u, p.x, k), __shfl_xor_sync(~0u, p.y, k)));
+  if (t % 32 == 0) red[t / 32] = p;
+  __syncthreads();
+  if (t < 32) {
+    p = t < THREADS / 32 ? red[t] : make_float2(NEG_INF, 0.f);
+    #pragma unroll
+    for (int k = 16; k > 0; k >>= 1)
+      p = merge(p, make_float2(__shfl_xor_sync(~0u, p.x, k), __shfl_xor_sync(~0u, p.y, k)));
+    if (t == 0) *slot = p;
+  }
+  asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory");
+  asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory");
+  float2 q = *cluster.map_shared_rank(slot, 0);
+  #pragma unroll
+  for (int c = 1; c < C; ++c) q = merge(q, *cluster.map_shared_rank(slot, c));
+  return q;
+}
+
+extern "C" __global__ void __launch_bounds__(THREADS, MINB)
+persist(const E* __restrict__ in, E* __restrict__ out) {
+  cg::cluster_group cluster = cg::this_cluster();
+  __shared__ float2 red[THREADS / 32];
+  __shared__ float2 slots[2];
+  const int t = threadIdx.x;
+  const int ncl = gridDim.x / C;
+  const long piece = (long)cluster.block_rank() * SLICE;
+  int k = 0;
+#if HOLD
+  V b[NV];
+  int row = blockIdx.x / C;
+  if (row < ROWS) {
+    #pragma unroll
+    for (int e = 0; e < NV; ++e)
+      b[e] = ld(reinterpret_cast<const V*>(in + row * (long)ROWLEN + piece) + e * THREADS + t);
+  }
+  for (; row < ROWS; row += ncl, ++k) {
+#if !PREFETCH
+    if (k > 0) {
+      #pragma unroll
+      for (int e = 0; e < NV; ++e)
+        b[e] = ld(reinterpret_cast<const V*>(in + row * (long)ROWLEN + piece) + e * THREADS + t);
+    }
+#endif
+    float m = NEG_INF, s = 0.f;  // online: a max of all first would hoist every exp (spills)
+    #pragma unroll
+    for (int e = 0; e < NV; ++e) {
+      float vm = m;
+      #pragma unroll
+      for (int v = 0; v < VW; ++v) vm = fmaxf(vm, tof(b[e].v[v]));
+      s *= ex2((m - vm) * L2E);
+      m = vm;
+      const float mb = m * L2E;
+      #pragma unroll
+      for (int v = 0; v < VW; ++v) s += ex2(fmaf(tof(b[e].v[v]), L2E, -mb));
+    }
+    const float2 q = row_pair(make_float2(m, s), red, &slots[k & 1], cluster);
+    const float qb = q.x * L2E, rs = 1.0f / q.y;
+    V* dst = reinterpret_cast<V*>(out + row * (long)ROWLEN + piece);
+    const int next = row + ncl;
+    const V* src = reinterpret_cast<const V*>(in + next * (long)ROWLEN + piece);
+    #pragma unroll
+    for (int e = 0; e < NV; ++e) {
+      V y;
+      #pragma unroll
+      for (int v = 0; v < VW; ++v) fromf(ex2(fmaf(tof(b[e].v[v]), L2E, -qb)) * rs, y.v[v]);
+      st(dst + e * THREADS + t, y);
+#if PREFETCH
+      if (next < ROWS) b[e] = ld(src + e * THREADS + t);
+#endif
+    }
+  }
+#else
+  for (int row = blockIdx.x / C; row < ROWS; row += ncl, ++k) {
+    const V* src = reinterpret_cast<const V*>(in + row * (long)ROWLEN + piece);
+    V* dst = reinterpret_cast<V*>(out + row * (long)ROWLEN + piece);
+    float m = NEG_INF, s = 0.f;
+    for (int i = t; i < NVS; i += THREADS * U) {
+      V x[U];
+      #pragma unroll
+      for (int u = 0; u < U; ++u) x[u] = src[i + u * THREADS];
+      float vm = m;
+      #pragma unroll
+      for (int u = 0; u < U; ++u)
+        #pragma unroll
+        for (int v = 0; v < VW; ++v) vm = fmaxf(vm, tof(x[u].v[v]));
+      s *= ex2((m - vm) * L2E);
+      m = vm;
+      const float mb = m * L2E;
+      #pragma unroll
+      for (int u = 0; u < U; ++u)
+        #pragma unroll
+        for (int v = 0; v < VW; ++v) s += ex2(fmaf(tof(x[u].v[v]), L2E, -mb));
+    }
+    if (m == NEG_INF) s = 0.f;
+    const float2 q = row_pair(make_float2(m, s), red, &slots[k & 1], cluster);
+    const float qb = q.x * L2E, rs = 1.0f / q.y;
+    for (int i = t; i < NVS; i += THREADS * U) {
+      V x[U];
+      #pragma unroll
+      for (int u = 0; u < U; ++u) x[u] = src[i + u * THREADS];
+      #pragma unroll
+      for (int u = 0; u < U; ++u) {
+        V y;
+        #pragma unroll
+        for (int v = 0; v < VW; ++v) fromf(ex2(fmaf(tof(x[u].v[v]), L2E, -qb)) * rs, y.v[v]);
+        st(dst + i + u * THREADS, y);
+      }
+    }
+  }
+#endif
+  cluster.sync();  // no block leaves while another may read its slots
+}
+
+// the same grid moving the same bytes: each vector loaded and stored, no math, no barrier
+extern "C" __global__ void __launch_bounds__(THREADS, MINB)
+pcopy(const E* __restrict__ in, E* __restrict__ out) {
+  const int ncl = gridDim.x / C;
+  const long piece = (long)(blockIdx.x % C) * SLICE;
+  for (int row = blockIdx.x / C; row < ROWS; row += ncl) {
+    const V* src = reinterpret_cast<const V*>(in + row * (long)ROWLEN + piece);
+    V* dst = reinterpret_cast<V*>(out + row * (long)ROWLEN + piece);
+    for (int i = threadIdx.x; i < NVS; i += THREADS * 4) {
+      V x[4];
+      #pragma unroll
+      for (int u = 0; u < 4; ++u) x[u] = src[i + u * THREADS];
+      #pragma unroll
+      for (int u = 0; u < 4; ++u) dst[i + u * THREADS] = x[u];
+    }
+  }
+}

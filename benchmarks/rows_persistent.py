@@ -1,0 +1,122 @@
+"""Softmax over many long rows (KernelBench level 1's 4096 x 393216), hand-written kernels of
+benchmarks/rows_persistent.cu against Inductor and torch's copy of the tensor
+(triton.testing.do_bench, the least of 3 interleaved rounds): a row over a cluster of C blocks,
+NCL clusters launched (persistent: they loop over the rows; n4096: one cluster a row), held in
+registers with the next row loaded as this one is stored ("hold") or read twice, the second time
+from L2 ("l2"), and a copy on the same grid ("pcopy"). What set skills/rows/candidates'
+persistent clusters (on an H200, 2026-11-27:
+benchmarks/results/persistent_probe-h200-torch2.11-2026-11-27-twentyseventh.txt).
+
+    python benchmarks/rows_persistent.py bf16,fp32 [LABEL-SUBSTRING]
+"""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout
+
+from agent_backend.env.launch_op import launch_spec_model  # noqa: E402
+from agent_backend.env.launch_spec import Arg, KernelLaunch, LaunchSpec  # noqa: E402
+from agent_backend.specs import TensorSpec  # noqa: E402
+from benchmarks.rows_plans import bench  # noqa: E402
+
+ROWS, ROWLEN = 4096, 393216
+SRC = (Path(__file__).parent / "rows_persistent.cu").read_text()
+
+
+def source(dtype: str, C=8, T=512, MINB=1, HOLD=1, PREFETCH=1, U=4, NOL1=0, STCS=0) -> str:
+    """rows_persistent.cu under its defines: C blocks a row, T threads, MINB blocks an SM, ..."""
+    vw = 8 if dtype == "bf16" else 4
+    nvs = ROWLEN // C // vw
+    nv = nvs // T
+    assert nvs % (T * U) == 0 and nv * T == nvs
+    d = dict(E="bf16" if dtype == "bf16" else "float", VW=vw, C=C, THREADS=T, MINB=MINB, ROWS=ROWS, ROWLEN=ROWLEN,
+             HOLD=HOLD, PREFETCH=PREFETCH, NV=nv, U=U, NOL1=NOL1, STCS=STCS)
+    return "".join(f"#define {k} {v}\n" for k, v in d.items()) + SRC
+
+
+def variant(dtype, kernel="persist", NCL=16, **defines):
+    """The kernel on NCL clusters (its grid), as a launch-op model of x -> softmax(x)."""
+    C, T = defines.get("C", 8), defines.get("T", 512)
+    src = source(dtype, **defines)
+    x = TensorSpec((ROWS, ROWLEN), (ROWLEN, 1), "bfloat16" if dtype == "bf16" else "float32", "cuda")
+    launch = KernelLaunch.compile(src, kernel, grid=NCL * C, block=T, args=(Arg.input(0), Arg.output(0)),
+                                  cluster=C if kernel == "persist" else 1)
+    return launch_spec_model(LaunchSpec(inputs=(x,), outputs=(x,), kernels=(launch,)))()
+
+
+VARIANTS = {
+    "bf16": {
+        "hold-c8t512-n16": dict(C=8, T=512, NCL=16),
+        "hold-c8t512-n15": dict(C=8, T=512, NCL=15),
+        "hold-c8t512-n14": dict(C=8, T=512, NCL=14),
+        "hold-c8t512-n4096": dict(C=8, T=512, NCL=4096),
+        "hold-c8t512-n16-nopf": dict(C=8, T=512, NCL=16, PREFETCH=0),
+        "hold-c8t512-n16-nol1": dict(C=8, T=512, NCL=16, NOL1=1),
+        "hold-c8t512-n16-stcs": dict(C=8, T=512, NCL=16, STCS=1),
+        "l2-c8t512-m2-n32": dict(C=8, T=512, MINB=2, NCL=32, HOLD=0),
+        "l2-c8t512-m2-n16": dict(C=8, T=512, MINB=2, NCL=16, HOLD=0),
+        "l2-c8t512-m3-n48": dict(C=8, T=512, MINB=3, NCL=48, HOLD=0),
+        "l2-c8t512-m2-n4096": dict(C=8, T=512, MINB=2, NCL=4096, HOLD=0),
+        "l2-c4t512-m2-n64": dict(C=4, T=512, MINB=2, NCL=64, HOLD=0),
+        "l2-c8t512-m2-n32-stcs": dict(C=8, T=512, MINB=2, NCL=32, HOLD=0, STCS=1),
+        "pcopy-c8t512-m2-n32": dict(kernel="pcopy", C=8, T=512, MINB=2, NCL=32),
+    },
+    "fp32": {
+        "hold-c8t1024-n16": dict(C=8, T=1024, NCL=16),
+        "hold-c8t1024-n15": dict(C=8, T=1024, NCL=15),
+        "hold-c8t1024-n16-nopf": dict(C=8, T=1024, NCL=16, PREFETCH=0),
+        "l2-c8t512-m2-n32": dict(C=8, T=512, MINB=2, NCL=32, HOLD=0),
+        "l2-c8t512-m2-n16": dict(C=8, T=512, MINB=2, NCL=16, HOLD=0),
+        "l2-c8t512-m3-n48": dict(C=8, T=512, MINB=3, NCL=48, HOLD=0),
+        "l2-c8t512-m2-n4096": dict(C=8, T=512, MINB=2, NCL=4096, HOLD=0),
+        "l2-c4t512-m2-n64": dict(C=4, T=512, MINB=2, NCL=64, HOLD=0),
+        "l2-c8t512-m2-n32-stcs": dict(C=8, T=512, MINB=2, NCL=32, HOLD=0, STCS=1),
+        "pcopy-c8t512-m2-n32": dict(kernel="pcopy", C=8, T=512, MINB=2, NCL=32),
+    },
+}
+
+
+def contenders(dtype: str, x: torch.Tensor, only: str) -> dict:
+    """Each variant (whose label holds `only`) that runs and gives softmax(x) (a copy: x), a call."""
+    expected = torch.softmax(x.float(), -1).to(x.dtype)
+    fns = {}
+    for label, params in VARIANTS[dtype].items():
+        if only not in label:
+            continue
+        try:
+            model = variant(dtype, **params)
+            out = model(x)
+            torch.cuda.synchronize()  # a kernel's fault shows here, under its own label
+            ok = torch.equal(out, x) if label.startswith("pcopy") else torch.allclose(
+                out.float(), expected.float(), rtol=2e-2, atol=1e-7)
+        except Exception as e:  # noqa: BLE001 - a variant may fail: say so, time the rest
+            print(dtype, label, "failed:", str(e).splitlines()[0][:200], flush=True)
+            continue
+        if ok:
+            fns[label] = (lambda m=model: m(x))
+        else:
+            print(dtype, label, "differs from softmax: left out", flush=True)
+    return fns
+
+
+def main(dtype: str, only: str = "") -> None:
+    torch.manual_seed(0)
+    x = (torch.randn(ROWS, ROWLEN, device="cuda") * 2).to(torch.bfloat16 if dtype == "bf16" else torch.float32)
+    fns = contenders(dtype, x, only)
+    compiled = torch.compile(lambda a: torch.softmax(a, -1))
+    compiled(x)
+    destination = torch.empty_like(x)
+    t = bench({**fns, "inductor": lambda: compiled(x), "torch-copy": lambda: destination.copy_(x)}, rounds=3)
+    copy = t["torch-copy"]
+    print(dtype, torch.cuda.get_device_name(), " | ".join(
+        f"{k} {v:.0f}us ({copy / v:.0%})" for k, v in sorted(t.items(), key=lambda kv: kv[1])), flush=True)
+
+
+if __name__ == "__main__":
+    for d in sys.argv[1].split(","):
+        main(d, sys.argv[2] if len(sys.argv) > 2 else "")
+        torch.cuda.empty_cache()  # the next dtype's tensors are as large
