@@ -4,28 +4,24 @@
 // HOLD 1: each thread's NV vectors of the slice in registers; the next row's vector e is loaded
 //         into the register just stored from (PREFETCH 1), so one row's stores overlap the next
 //         row's loads. HOLD 0: the slice streamed twice, the second pass hitting L2.
-#include <cooperative_groups.h>
-namespace cg = cooperative_groups;
-struct bf16 { unsigned short bits; };
-template <typename T, int N> struct alignas(sizeof(T) * N) Vec { T v[N]; };
-__device__ __forceinline__ float tof(float x) { return x; }
-__device__ __forceinline__ float tof(bf16 h) { return __uint_as_float(((unsigned)h.bits) << 16); }
-__device__ __forceinline__ void fromf(float f, float& o) { o = f; }
-__device__ __forceinline__ void fromf(float f, bf16& o) { asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(o.bits) : "f"(f)); }
-__device__ __forceinline__ float ex2(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-  return y;
-}
-#define L2E 1.44269504088896341f
-#define NEG_INF __int_as_float(0xff800000)
-typedef Vec<E, VW> V;
+// (after rows_phases.COMMON: the types, tof/fromf, ex2, L2E, NEG_INF, V and merge)
 #define SLICE (ROWLEN / C)  // elements a block
 #define NVS (SLICE / VW)    // vectors a block
-__device__ __forceinline__ float2 merge(float2 a, float2 b) {
-  const float m = fmaxf(a.x, b.x);
-  if (m == NEG_INF) return a;
-  return make_float2(m, a.y * ex2((a.x - m) * L2E) + b.y * ex2((b.x - m) * L2E));
+// N vectors into a running (max, sum of exp(x - max)): their max first, the sum rescaled to it
+template <int N>
+__device__ __forceinline__ void online(float& m, float& s, const V* x) {
+  float vm = m;
+  #pragma unroll
+  for (int u = 0; u < N; ++u)
+    #pragma unroll
+    for (int v = 0; v < VW; ++v) vm = fmaxf(vm, tof(x[u].v[v]));
+  s *= ex2((m - vm) * L2E);
+  m = vm;
+  const float mb = m * L2E;
+  #pragma unroll
+  for (int u = 0; u < N; ++u)
+    #pragma unroll
+    for (int v = 0; v < VW; ++v) s += ex2(fmaf(tof(x[u].v[v]), L2E, -mb));
 }
 __device__ __forceinline__ V ld(const V* p) {
 #if NOL1
@@ -97,16 +93,7 @@ persist(const E* __restrict__ in, E* __restrict__ out) {
 #endif
     float m = NEG_INF, s = 0.f;  // online: a max of all first would hoist every exp (spills)
     #pragma unroll
-    for (int e = 0; e < NV; ++e) {
-      float vm = m;
-      #pragma unroll
-      for (int v = 0; v < VW; ++v) vm = fmaxf(vm, tof(b[e].v[v]));
-      s *= ex2((m - vm) * L2E);
-      m = vm;
-      const float mb = m * L2E;
-      #pragma unroll
-      for (int v = 0; v < VW; ++v) s += ex2(fmaf(tof(b[e].v[v]), L2E, -mb));
-    }
+    for (int e = 0; e < NV; ++e) online<1>(m, s, &b[e]);
     const float2 q = row_pair(make_float2(m, s), red, &slots[k & 1], cluster);
     const float qb = q.x * L2E, rs = 1.0f / q.y;
     V* dst = reinterpret_cast<V*>(out + row * (long)ROWLEN + piece);
@@ -132,18 +119,7 @@ persist(const E* __restrict__ in, E* __restrict__ out) {
       V x[U];
       #pragma unroll
       for (int u = 0; u < U; ++u) x[u] = src[i + u * THREADS];
-      float vm = m;
-      #pragma unroll
-      for (int u = 0; u < U; ++u)
-        #pragma unroll
-        for (int v = 0; v < VW; ++v) vm = fmaxf(vm, tof(x[u].v[v]));
-      s *= ex2((m - vm) * L2E);
-      m = vm;
-      const float mb = m * L2E;
-      #pragma unroll
-      for (int u = 0; u < U; ++u)
-        #pragma unroll
-        for (int v = 0; v < VW; ++v) s += ex2(fmaf(tof(x[u].v[v]), L2E, -mb));
+      online<U>(m, s, x);
     }
     if (m == NEG_INF) s = 0.f;
     const float2 q = row_pair(make_float2(m, s), red, &slots[k & 1], cluster);

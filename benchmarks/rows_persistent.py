@@ -21,6 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 from agent_backend.env.launch_op import launch_spec_model  # noqa: E402
 from agent_backend.env.launch_spec import Arg, KernelLaunch, LaunchSpec  # noqa: E402
 from agent_backend.specs import TensorSpec  # noqa: E402
+from benchmarks.rows_phases import COMMON  # noqa: E402
 from benchmarks.rows_plans import bench  # noqa: E402
 
 ROWS, ROWLEN = 4096, 393216
@@ -35,7 +36,7 @@ def source(dtype: str, C=8, T=512, MINB=1, HOLD=1, PREFETCH=1, U=4, NOL1=0, STCS
     assert nvs % (T * U) == 0 and nv * T == nvs
     d = dict(E="bf16" if dtype == "bf16" else "float", VW=vw, C=C, THREADS=T, MINB=MINB, ROWS=ROWS, ROWLEN=ROWLEN,
              HOLD=HOLD, PREFETCH=PREFETCH, NV=nv, U=U, NOL1=NOL1, STCS=STCS)
-    return "".join(f"#define {k} {v}\n" for k, v in d.items()) + SRC
+    return "".join(f"#define {k} {v}\n" for k, v in d.items()) + COMMON + SRC
 
 
 def variant(dtype, kernel="persist", NCL=16, **defines):
@@ -48,6 +49,16 @@ def variant(dtype, kernel="persist", NCL=16, **defines):
     return launch_spec_model(LaunchSpec(inputs=(x,), outputs=(x,), kernels=(launch,)))()
 
 
+# rows read twice, the second time from L2 (and a copy on the same grid), in either dtype
+STREAMED = {
+    "l2-c8t512-m2-n32": dict(C=8, T=512, MINB=2, NCL=32, HOLD=0),
+    "l2-c8t512-m2-n16": dict(C=8, T=512, MINB=2, NCL=16, HOLD=0),
+    "l2-c8t512-m3-n48": dict(C=8, T=512, MINB=3, NCL=48, HOLD=0),
+    "l2-c8t512-m2-n4096": dict(C=8, T=512, MINB=2, NCL=4096, HOLD=0),
+    "l2-c4t512-m2-n64": dict(C=4, T=512, MINB=2, NCL=64, HOLD=0),
+    "l2-c8t512-m2-n32-stcs": dict(C=8, T=512, MINB=2, NCL=32, HOLD=0, STCS=1),
+    "pcopy-c8t512-m2-n32": dict(kernel="pcopy", C=8, T=512, MINB=2, NCL=32),
+}
 VARIANTS = {
     "bf16": {
         "hold-c8t512-n16": dict(C=8, T=512, NCL=16),
@@ -57,25 +68,13 @@ VARIANTS = {
         "hold-c8t512-n16-nopf": dict(C=8, T=512, NCL=16, PREFETCH=0),
         "hold-c8t512-n16-nol1": dict(C=8, T=512, NCL=16, NOL1=1),
         "hold-c8t512-n16-stcs": dict(C=8, T=512, NCL=16, STCS=1),
-        "l2-c8t512-m2-n32": dict(C=8, T=512, MINB=2, NCL=32, HOLD=0),
-        "l2-c8t512-m2-n16": dict(C=8, T=512, MINB=2, NCL=16, HOLD=0),
-        "l2-c8t512-m3-n48": dict(C=8, T=512, MINB=3, NCL=48, HOLD=0),
-        "l2-c8t512-m2-n4096": dict(C=8, T=512, MINB=2, NCL=4096, HOLD=0),
-        "l2-c4t512-m2-n64": dict(C=4, T=512, MINB=2, NCL=64, HOLD=0),
-        "l2-c8t512-m2-n32-stcs": dict(C=8, T=512, MINB=2, NCL=32, HOLD=0, STCS=1),
-        "pcopy-c8t512-m2-n32": dict(kernel="pcopy", C=8, T=512, MINB=2, NCL=32),
+        **STREAMED,
     },
     "fp32": {
         "hold-c8t1024-n16": dict(C=8, T=1024, NCL=16),
         "hold-c8t1024-n15": dict(C=8, T=1024, NCL=15),
         "hold-c8t1024-n16-nopf": dict(C=8, T=1024, NCL=16, PREFETCH=0),
-        "l2-c8t512-m2-n32": dict(C=8, T=512, MINB=2, NCL=32, HOLD=0),
-        "l2-c8t512-m2-n16": dict(C=8, T=512, MINB=2, NCL=16, HOLD=0),
-        "l2-c8t512-m3-n48": dict(C=8, T=512, MINB=3, NCL=48, HOLD=0),
-        "l2-c8t512-m2-n4096": dict(C=8, T=512, MINB=2, NCL=4096, HOLD=0),
-        "l2-c4t512-m2-n64": dict(C=4, T=512, MINB=2, NCL=64, HOLD=0),
-        "l2-c8t512-m2-n32-stcs": dict(C=8, T=512, MINB=2, NCL=32, HOLD=0, STCS=1),
-        "pcopy-c8t512-m2-n32": dict(kernel="pcopy", C=8, T=512, MINB=2, NCL=32),
+        **STREAMED,
     },
 }
 

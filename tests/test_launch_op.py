@@ -113,7 +113,8 @@ ONE = (1, 1, 1)
     ({"kernels": [(b"x", "k", ONE, ONE, 0, [("output", 3)], [], ONE, False, False)]}, "output 3 does not exist"),
     ({"kernels": [(b"x", "k", ONE, ONE, 0, [("i32", 2**31)], [], ONE, False, False)]}, "i32 out of range"),
     ({"kernels": [(b"x", "k", ONE, ONE, 0, [], [4, 4], ONE, False, False)]}, "alignment must name every input"),
-    ({"kernels": [(b"x", "k", ONE, ONE, 0, [("workspace", 0)], [], ONE, True, False)]}, "a workspace takes at least one byte"),
+    ({"kernels": [(b"x", "k", ONE, ONE, 0, [("workspace", 0)], [], ONE, True, False)]},
+     "a workspace takes at least one byte"),
     ({"kernels": [(b"x", "k", ONE, ONE, 0, [], [], ONE, False, True)]}, "persistent launch is one of clusters"),
     ({"kernels": [(b"x", "k", (8, 2, 1), ONE, 0, [], [], (4, 1, 1), False, True)]}, "clusters along x"),
 ])

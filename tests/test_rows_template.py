@@ -902,6 +902,7 @@ def test_many_long_rows_are_offered_persistent_clusters():
         assert re.search(r"cred0\[parity\] = acc\d+;", source) and "__shared__ float cred0[2];" in source
         assert "MAIN_LAUNCH = (8192, (1024,), 0, 8, 0, True)" in model_source(plan, launch)
     assert not any(c.persistent for c in launch_configs(build_plan(resized(case_task("softmax", bf16), (16, 393216)))))
-    assert not any(c.persistent for c in launch_configs(build_plan(resized(case_task("logsumexp", f32), (1024, 393216)))))
+    logsumexp = build_plan(resized(case_task("logsumexp", f32), (1024, 393216)))
+    assert not any(c.persistent for c in launch_configs(logsumexp))
     with pytest.raises(ValueError, match="persistent cluster"):
         kernel_source(plan, "k", Launch(1024, 1, 4, "shared", 8, persistent=True))

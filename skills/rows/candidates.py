@@ -8,8 +8,8 @@ import string
 from agent_backend.specs import Candidate
 from skills.pointwise.errors import Unsupported
 
-from .codegen import (TYPICAL_SM_COUNT, WARP, Launch, blocks_per_sm, buffer_bytes, can_persist, can_prefetch, grid_blocks,
-                      is_vector_access, keeps_values, kernel_source, lanes, lanes_fit, shared_bytes, streamed_access,
+from .codegen import (TYPICAL_SM_COUNT, WARP, Launch, blocks_per_sm, buffer_bytes, can_persist, can_prefetch,
+                      grid_blocks, is_vector_access, keeps_values, kernel_source, lanes, lanes_fit, shared_bytes, streamed_access,
                       vectors_per_thread, workspace_bytes)
 from .plan import RowPlan
 

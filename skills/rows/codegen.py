@@ -713,7 +713,8 @@ extern "C" __global__ void __launch_bounds__({self._bounds()}) {name}({", ".join
     def _epilogue(self) -> list[str]:
         """Element outputs: each vector's elements computed into a register vector, then written."""
         assign, declare, write = self._output_vectors()
-        return self._sweep(self.plan.epilogue, assign, declare, write + (self._next_loads() if self.launch.persistent else []))
+        loads = self._next_loads() if self.launch.persistent else []
+        return self._sweep(self.plan.epilogue, assign, declare, write + loads)
 
     def _output_vectors(self) -> tuple[list[str], list[str], list[str]]:
         """The element outputs' register vectors, in _sweep's order: assigned at lane v, declared,

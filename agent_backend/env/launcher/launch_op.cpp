@@ -139,7 +139,8 @@ unsigned resident_grid_x(const Kernel& kernel, CUfunction function) {
   const LaunchConfig config{kernel.grid[0],  kernel.grid[1],     kernel.grid[2], kernel.block[0], kernel.block[1],
                             kernel.block[2], kernel.shared_mem, nullptr,        &attribute,      1};
   int clusters = 0;
-  check(d.cuOccupancyMaxActiveClusters(&clusters, function, &config), "cuOccupancyMaxActiveClusters('" + kernel.name + "')");
+  check(d.cuOccupancyMaxActiveClusters(&clusters, function, &config),
+        "cuOccupancyMaxActiveClusters('" + kernel.name + "')");
   TORCH_CHECK(clusters > 0, "cuda_agent::launch: no cluster of '", kernel.name, "' fits on this GPU");
   return std::min(kernel.grid[0], static_cast<unsigned>(clusters) * kernel.cluster[0]);  // a grid along x only
 }
