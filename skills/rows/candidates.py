@@ -313,7 +313,8 @@ def tag(plan: RowPlan, launch: Launch) -> str:
 def propose_candidates(plan: RowPlan) -> list[Candidate]:
     return [Candidate(model_source(plan, c), f"builtin:rows:{tag(plan, c)}",
                       {"threads": c.threads, "rows": c.rows, "vector_width": c.width, "storage": c.storage,
-                       "cluster": c.cluster, "split": c.split, "no_l1": c.no_l1, "along_rows": plan.along_rows})
+                       "cluster": c.cluster, "split": c.split, "no_l1": c.no_l1, "persistent": c.persistent,
+                       "along_rows": plan.along_rows})
             for c in launch_configs(plan)]
 
 

@@ -343,8 +343,9 @@ extern "C" __global__ void __launch_bounds__({self._bounds()}) {name}({", ".join
         """A cluster loops over rows blockIdx.x / cluster, + the clusters launched, ...: each
         thread's vectors of the first row loaded before the loop, and each later row's loaded
         into a vector's registers as soon as the epilogue has stored that vector of the row
-        before, so that one row's stores overlap the next row's loads (on an H200, softmax over
-        4096 x 393216 bf16: 85% of a copy's rate; one cluster a row, 64%)."""
+        before, so that one row's stores overlap the next row's loads (on an H200, a hand-written
+        softmax of this structure over 4096 x 393216 bf16: 85% of a copy's rate; one cluster a
+        row, 64%; benchmarks/rows_persistent.py)."""
         rows, stored = self.plan.rows, self.plan.stored
         first = (["{", f"  const idx_t row = (idx_t)blockIdx.x / {self.C};", f"  const bool row_ok = row < {rows};"]
                  + _indent_lines(self._bases() + self._loop([f"buf{k}[e] = {self._global_read(k)};" for k in stored]))
@@ -620,19 +621,21 @@ extern "C" __global__ void __launch_bounds__({self._bounds()}) {name}({", ".join
                             result: str) -> list[str]:
         """As _through_shared, but the `count` (at most a warp's) slots folded by shuffles in the
         row's first warp, a slot a lane, into `result<i>[slot]` (shared), which every thread of the
-        row then reads: each thread folding every slot took a block of 1024 threads 32 folds a row."""
-        lines, kinds = [], {}
+        row then reads: each thread folding every slot took a block of 1024 threads 32 folds a row.
+        Only lane 0's result is kept, so every block of a cluster, folding the same slots in the
+        same order, holds the same value."""
+        lines, results = [], {}
         for p in partials:
             i = self.partial_index[p.acc]
-            kinds[p.acc] = f"{result}{i}"
+            results[p.acc] = f"{result}{i}"
             lines += [f"__shared__ {ACCUMULATOR[p.combine]} {declared(i)};", f"if ({writer}) {stored(i)} = {p.acc};",
                       f"__shared__ {ACCUMULATOR[p.combine]} {result}{i}[{self.R}];"]
         lines += [sync, f"if (t < {WARP}) {{"]
         lines += [f"  {p.acc} = t < {count} ? {slot(self.partial_index[p.acc], 't')} : {IDENTITY[p.combine]};"
                   for p in partials]
         lines += ["  " + line for line in _shuffles(partials, count)]
-        lines += ["  if (t == 0) {"] + [f"    {kinds[p.acc]}[slot] = {p.acc};" for p in partials] + ["  }", "}"]
-        return lines + ["__syncthreads();"] + [f"{p.acc} = {kinds[p.acc]}[slot];" for p in partials]
+        lines += ["  if (t == 0) {"] + [f"    {results[p.acc]}[slot] = {p.acc};" for p in partials] + ["  }", "}"]
+        return lines + ["__syncthreads();"] + [f"{p.acc} = {results[p.acc]}[slot];" for p in partials]
 
     def _through_global(self, partials, work: Pass) -> list[str]:
         """Each block's partials of its rows to their slots of the workspace (slot row * split +
