@@ -9,8 +9,8 @@ from agent_backend.specs import Candidate
 from skills.pointwise.errors import Unsupported
 
 from .codegen import (TYPICAL_SM_COUNT, WARP, Launch, blocks_per_sm, buffer_bytes, can_persist, can_prefetch,
-                      grid_blocks, is_vector_access, keeps_values, kernel_source, lanes, lanes_fit, shared_bytes, streamed_access,
-                      vectors_per_thread, workspace_bytes)
+                      grid_blocks, is_vector_access, keeps_values, kernel_source, lanes, lanes_fit, shared_bytes,
+                      streamed_access, vectors_per_thread, workspace_bytes)
 from .plan import RowPlan
 
 REGISTER_WORDS = 32        # 32-bit registers a thread may spend on its part of the on-chip rows
