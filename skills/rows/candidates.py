@@ -184,7 +184,8 @@ def _along_rows(plan: RowPlan) -> list[Launch]:
                         break
                     cluster *= 2
         configs += split
-        configs += _persistent_clusters(plan)
+        if not held:  # no block holds a row in registers: a cluster must (softmax of 8192 fp32 needs none)
+            configs += _persistent_clusters(plan)
     return configs
 
 
