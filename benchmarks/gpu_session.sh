@@ -33,6 +33,9 @@
 #   benchmarks/gpu_session.sh probes         # launch shapes and kernels not in the templates yet, against Inductor:
 #                                            # split long-row softmax in shared memory (rows_ceiling.py softmax_long)
 #                                            # and wider transpose tiles (transpose_probe.py)
+#   benchmarks/gpu_session.sh many-long-rows # softmax over 1024 x 393216 (the suite's softmax_many_long_rows):
+#                                            # every launch of the backend's candidates (rows_plans.py), then
+#                                            # the hand-written persistent kernels over 4096 rows (rows_persistent.py)
 #   benchmarks/gpu_session.sh flush          # what the timing's L2 flush (a write) costs a short kernel,
 #                                            # against a read flush and none (benchmarks/flush_effect.py)
 #
@@ -40,7 +43,8 @@
 # H100 machine, 2026-11-23) costs that file only, and its exit status is recorded.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-phase=${1:?"usage: $0 tests|in-context|transformers|models|level1|level2|compile|gate|dispatch|columns|probes|flush"}
+usage="usage: $0 tests|in-context|transformers|models|level1|level2|compile|gate|dispatch|columns|probes|"
+phase=${1:?"${usage}many-long-rows|flush"}
 out=${OUT:-benchmarks/results/session-$(date +%F)}
 mkdir -p "$out"
 gpu=$(python3 -c "import torch; print(torch.cuda.get_device_name(0))" 2>/dev/null || echo "no GPU")
@@ -142,12 +146,18 @@ case "$phase" in
       >"$out/probes.log" 2>&1
     grep -v DEBUG "$out/probes.log" | tail -n 40
     ;;
+  many-long-rows)
+    { header "many long rows"
+      timeout 400 python3 benchmarks/rows_plans.py softmax_many_long_rows:bf16 softmax_many_long_rows:fp32
+      timeout 150 python3 benchmarks/rows_persistent.py bf16,fp32 hold; } >"$out/many_long_rows.log" 2>&1
+    grep -v DEBUG "$out/many_long_rows.log" | tail -n 20
+    ;;
   flush)
     python3 benchmarks/flush_effect.py --out "$out/flush_effect.json"
     ;;
   *)
     echo "unknown phase $phase: tests, in-context, transformers, models, level1, level2, compile, gate, dispatch," \
-      "columns, probes or flush" >&2
+      "columns, probes, many-long-rows or flush" >&2
     exit 2
     ;;
 esac
