@@ -906,3 +906,12 @@ def test_many_long_rows_are_offered_persistent_clusters():
     assert not any(c.persistent for c in launch_configs(logsumexp))
     with pytest.raises(ValueError, match="persistent cluster"):
         kernel_source(plan, "k", Launch(1024, 1, 4, "shared", 8, persistent=True))
+
+
+def test_a_cluster_block_is_a_warp_or_more():
+    """A cluster's blocks' partials are folded by the first warp of each block, a block a lane:
+    a block of fewer threads than a warp is refused."""
+    plan = build_plan(resized(case_task("softmax", f32), (3, 2000)))
+    with pytest.raises(ValueError, match="a warp or more"):
+        kernel_source(plan, "k", Launch(16, 1, 4, "registers", 4))
+    assert "cluster.map_shared_rank(&cred" in kernel_source(plan, "k", Launch(32, 1, 4, "registers", 4))

@@ -254,8 +254,8 @@ class _Writer:
             raise ValueError(f"width {launch.width} does not divide the plan's vector width {plan.vector_width}")
         if launch.width > 1 and not plan.along_rows and not lanes_fit(plan, launch.width):
             raise ValueError(f"a thread cannot take {launch.width} rows of this plan at once")
-        if launch.cluster > 1 and (launch.rows != 1 or not plan.along_rows):
-            raise ValueError("a row split over a cluster is one row a block, along it")
+        if launch.cluster > 1 and (launch.rows != 1 or not plan.along_rows or launch.threads < WARP):
+            raise ValueError("a row split over a cluster is one row a block of a warp or more, along it")
         if launch.split > 1 and launch.rows != 1 and plan.along_rows:
             raise ValueError("a row split over a cooperative grid along it is one row a block")
         if launch.cluster > 1 and launch.split > 1:
@@ -591,14 +591,9 @@ extern "C" __global__ void __launch_bounds__({self._bounds()}) {name}({", ".join
             # persistent: two slots, so that no block writes a row's partial where another may
             # still read the last row's (it reads it before the barrier the next write follows)
             at = "[parity]" if self.launch.persistent else ""
-            if self.T >= WARP:  # the first warp folds the blocks' slots, one a lane
-                lines += self._fold_in_first_warp(
-                    partials, lambda i: f"cred{i}{'[2]' if at else ''}", lambda i: f"cred{i}{at}", "t == 0",
-                    "cluster.sync();", lambda i, c: f"*cluster.map_shared_rank(&cred{i}{at}, {c})", self.C, "cfin")
-            else:
-                lines += self._through_shared(
-                    partials, lambda i: f"cred{i}{'[2]' if at else ''}", lambda i: f"cred{i}{at}", "t == 0",
-                    "cluster.sync();", lambda i, c: f"*cluster.map_shared_rank(&cred{i}{at}, {c})", "c", self.C)
+            lines += self._fold_in_first_warp(  # the first warp folds the blocks' slots, one a lane
+                partials, lambda i: f"cred{i}{'[2]' if at else ''}", lambda i: f"cred{i}{at}", "t == 0",
+                "cluster.sync();", lambda i, c: f"*cluster.map_shared_rank(&cred{i}{at}, {c})", self.C, "cfin")
         if self.S > 1:
             lines += self._through_global(partials, work)
         return lines
@@ -619,11 +614,12 @@ extern "C" __global__ void __launch_bounds__({self._bounds()}) {name}({", ".join
 
     def _fold_in_first_warp(self, partials, declared, stored, writer: str, sync: str, slot, count: int,
                             result: str) -> list[str]:
-        """As _through_shared, but the `count` (at most a warp's) slots folded by shuffles in the
-        row's first warp, a slot a lane, into `result<i>[slot]` (shared), which every thread of the
-        row then reads: each thread folding every slot took a block of 1024 threads 32 folds a row.
-        Only lane 0's result is kept, so every block of a cluster, folding the same slots in the
-        same order, holds the same value."""
+        """Each partial written by the threads where `writer` holds to `stored(i)` (partial i's
+        shared variable, `declared(i)`), then `sync`, then its `count` (at most a warp's) slots
+        `slot(i, lane)` folded by shuffles in the row's first warp, a slot a lane, into
+        `result<i>[slot]` (shared), which every thread of the row then reads (each thread folding
+        every slot took a block of 1024 threads 32 folds a row). Only lane 0's result is kept, so
+        every block of a cluster, folding the same slots in the same order, holds the same value."""
         lines, results = [], {}
         for p in partials:
             i = self.partial_index[p.acc]
@@ -668,20 +664,6 @@ extern "C" __global__ void __launch_bounds__({self._bounds()}) {name}({", ".join
         if not self.plan.along_rows:
             return lines
         return lines + ["{"] + ["  " + line for line in self._combine_in_block(partials)] + ["}"]
-
-    def _through_shared(self, partials, declared, stored, writer: str, sync: str, slot, index: str,
-                        count: int) -> list[str]:
-        """Each partial written by the threads where `writer` holds to `stored(i)` (partial i's
-        shared variable, `declared(i)`), then `sync`, then folded over the `count` slots
-        `slot(i, index)` into `slot(i, 0)`."""
-        lines = []
-        for p in partials:
-            i = self.partial_index[p.acc]
-            lines += [f"__shared__ {ACCUMULATOR[p.combine]} {declared(i)};", f"if ({writer}) {stored(i)} = {p.acc};"]
-        lines.append(sync)
-        for p in partials:
-            lines += self._fold(p, slot, index, count)
-        return lines
 
     def _combine_across_rows(self, work: Pass) -> list[str]:
         """Through shared memory, each of the thread's rows in its own array, one barrier for all."""
