@@ -39,10 +39,10 @@ def source(dtype: str, C=8, T=512, MINB=1, HOLD=1, PREFETCH=1, U=4, NOL1=0, STCS
     return "".join(f"#define {k} {v}\n" for k, v in d.items()) + COMMON + SRC
 
 
-def variant(dtype, kernel="persist", NCL=16, **defines):
-    """The kernel on NCL clusters (its grid), as a launch-op model of x -> softmax(x)."""
-    C, T = defines.get("C", 8), defines.get("T", 512)
-    src = source(dtype, **defines)
+def variant(dtype, C: int, T: int, kernel="persist", NCL=16, **defines):
+    """The kernel on NCL clusters of C blocks of T threads (its grid), as a launch-op model of
+    x -> softmax(x)."""
+    src = source(dtype, C=C, T=T, **defines)
     x = TensorSpec((ROWS, ROWLEN), (ROWLEN, 1), "bfloat16" if dtype == "bf16" else "float32", "cuda")
     launch = KernelLaunch.compile(src, kernel, grid=NCL * C, block=T, args=(Arg.input(0), Arg.output(0)),
                                   cluster=C if kernel == "persist" else 1)
