@@ -35,7 +35,8 @@
 #                                            # and wider transpose tiles (transpose_probe.py)
 #   benchmarks/gpu_session.sh many-long-rows # softmax over 1024 x 393216 (the suite's softmax_many_long_rows):
 #                                            # every launch of the backend's candidates (rows_plans.py), then
-#                                            # the hand-written persistent kernels over 4096 rows (rows_persistent.py)
+#                                            # the hand-written persistent kernels over as many rows
+#                                            # (rows_persistent.py)
 #   benchmarks/gpu_session.sh flush          # what the timing's L2 flush (a write) costs a short kernel,
 #                                            # against a read flush and none (benchmarks/flush_effect.py)
 #
@@ -149,7 +150,7 @@ case "$phase" in
   many-long-rows)
     { header "many long rows"
       timeout 400 python3 benchmarks/rows_plans.py softmax_many_long_rows:bf16 softmax_many_long_rows:fp32
-      timeout 150 python3 benchmarks/rows_persistent.py bf16,fp32 hold; } >"$out/many_long_rows.log" 2>&1
+      timeout 150 python3 benchmarks/rows_persistent.py bf16,fp32 hold --rows 1024; } >"$out/many_long_rows.log" 2>&1
     grep -v DEBUG "$out/many_long_rows.log" | tail -n 20
     ;;
   flush)

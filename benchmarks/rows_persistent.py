@@ -7,10 +7,14 @@ from L2 ("l2"), and a copy on the same grid ("pcopy"). What set skills/rows/cand
 persistent clusters (on an H200, 2026-11-27:
 benchmarks/results/persistent_probe-h200-torch2.11-2026-11-27-twentyseventh.txt).
 
-    python benchmarks/rows_persistent.py bf16,fp32 [LABEL-SUBSTRING]
+    python benchmarks/rows_persistent.py bf16,fp32 [LABEL-SUBSTRING] [--rows N]
+
+--rows 1024 matches the suite's softmax_many_long_rows, whose generated kernels
+benchmarks/rows_plans.py times (benchmarks/gpu_session.sh many-long-rows runs both).
 """
 from __future__ import annotations
 
+import argparse
 import sys
 from pathlib import Path
 
@@ -28,22 +32,22 @@ ROWS, ROWLEN = 4096, 393216
 SRC = (Path(__file__).parent / "rows_persistent.cu").read_text()
 
 
-def source(dtype: str, C=8, T=512, MINB=1, HOLD=1, PREFETCH=1, U=4, NOL1=0, STCS=0) -> str:
+def source(dtype: str, C=8, T=512, MINB=1, HOLD=1, PREFETCH=1, U=4, NOL1=0, STCS=0, rows=ROWS) -> str:
     """rows_persistent.cu under its defines: C blocks a row, T threads, MINB blocks an SM, ..."""
     vw = 8 if dtype == "bf16" else 4
     nvs = ROWLEN // C // vw
     nv = nvs // T
     assert nvs % (T * U) == 0 and nv * T == nvs
-    d = dict(E="bf16" if dtype == "bf16" else "float", VW=vw, C=C, THREADS=T, MINB=MINB, ROWS=ROWS, ROWLEN=ROWLEN,
+    d = dict(E="bf16" if dtype == "bf16" else "float", VW=vw, C=C, THREADS=T, MINB=MINB, ROWS=rows, ROWLEN=ROWLEN,
              HOLD=HOLD, PREFETCH=PREFETCH, NV=nv, U=U, NOL1=NOL1, STCS=STCS)
     return "".join(f"#define {k} {v}\n" for k, v in d.items()) + COMMON + SRC
 
 
-def variant(dtype, C: int, T: int, kernel="persist", NCL=16, **defines):
+def variant(dtype, C: int, T: int, kernel="persist", NCL=16, rows=ROWS, **defines):
     """The kernel on NCL clusters of C blocks of T threads (its grid), as a launch-op model of
-    x -> softmax(x)."""
-    src = source(dtype, C=C, T=T, **defines)
-    x = TensorSpec((ROWS, ROWLEN), (ROWLEN, 1), "bfloat16" if dtype == "bf16" else "float32", "cuda")
+    x -> softmax(x) over `rows` rows."""
+    src = source(dtype, C=C, T=T, rows=rows, **defines)
+    x = TensorSpec((rows, ROWLEN), (ROWLEN, 1), "bfloat16" if dtype == "bf16" else "float32", "cuda")
     launch = KernelLaunch.compile(src, kernel, grid=NCL * C, block=T, args=(Arg.input(0), Arg.output(0)),
                                   cluster=C if kernel == "persist" else 1)
     return launch_spec_model(LaunchSpec(inputs=(x,), outputs=(x,), kernels=(launch,)))()
@@ -87,7 +91,7 @@ def contenders(dtype: str, x: torch.Tensor, only: str) -> dict:
         if only not in label:
             continue
         try:
-            model = variant(dtype, **params)
+            model = variant(dtype, rows=x.shape[0], **params)
             out = model(x)
             torch.cuda.synchronize()  # a kernel's fault shows here, under its own label
             ok = torch.equal(out, x) if label.startswith("pcopy") else torch.allclose(
@@ -102,9 +106,9 @@ def contenders(dtype: str, x: torch.Tensor, only: str) -> dict:
     return fns
 
 
-def main(dtype: str, only: str = "") -> None:
+def main(dtype: str, only: str = "", rows: int = ROWS) -> None:
     torch.manual_seed(0)
-    x = (torch.randn(ROWS, ROWLEN, device="cuda") * 2).to(torch.bfloat16 if dtype == "bf16" else torch.float32)
+    x = (torch.randn(rows, ROWLEN, device="cuda") * 2).to(torch.bfloat16 if dtype == "bf16" else torch.float32)
     fns = contenders(dtype, x, only)
     compiled = torch.compile(lambda a: torch.softmax(a, -1))
     compiled(x)
@@ -116,6 +120,11 @@ def main(dtype: str, only: str = "") -> None:
 
 
 if __name__ == "__main__":
-    for d in sys.argv[1].split(","):
-        main(d, sys.argv[2] if len(sys.argv) > 2 else "")
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("dtypes", help="bf16, fp32 or bf16,fp32")
+    parser.add_argument("only", nargs="?", default="", help="time the variants whose label holds this")
+    parser.add_argument("--rows", type=int, default=ROWS)
+    args = parser.parse_args()
+    for d in args.dtypes.split(","):
+        main(d, args.only, args.rows)
         torch.cuda.empty_cache()  # the next dtype's tensors are as large

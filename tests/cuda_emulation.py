@@ -46,6 +46,10 @@ _EMULATED_FAST = r"""
 inline float pw_exp_fast(float x) { return exp2f(x * 1.44269504088896341f); }
 inline float pw_div_fast(float a, float b) { return a / b; }
 inline float pw_exp_fast_ftz(float x) { const float y = pw_exp_fast(x); return y < 1.17549435e-38f ? 0.0f : y; }
+inline float pw_exp_fast_nonpositive(float x) {
+  const float y = exp2f(fmaf(x, 1.44269504088896341f, 64.0f));
+  return (y < 1.17549435e-38f ? 0.0f : y) * 5.42101086242752217e-20f;
+}
 inline float pw_sigmoid_fast(float x) { return pw_div_fast(1.0f, 1.0f + pw_exp_fast_ftz(-x)); }
 inline float pw_silu_fast(float x) { return pw_div_fast(x, 1.0f + pw_exp_fast_ftz(-x)); }
 inline float pw_one_plus_tanh_fast(float z) { return 2.0f / (1.0f + pw_exp_fast_ftz(-2.0f * z)); }

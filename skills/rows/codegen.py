@@ -45,6 +45,13 @@ from .plan import IDENTITY, Partial, Pass, RowPlan
 # never less accurate than the reference's fp32 sums (the verifier allows twice its error).
 # H100/H200 add doubles at half the fp32 rate, far above what a memory-bound row needs.
 ACCUMULATOR = {"sum": "double", "online": "double", "max": "float", "min": "float"}
+# An online sum's terms, exp(y - max), are positive and at most 1, so nothing cancels: in fp32 a
+# thread's sum of n of them strays by at most (n - 1) roundings, and a row's sum, over a warp or
+# more of such partials folded in a tree, far less. So where each thread sums at most this many
+# of a row's terms, with a warp or more a row, the online sum is fp32 throughout: on an H200 the
+# double sums (a conversion and an add a vector, double shuffles and folds a row) took a
+# persistent softmax over 1024 x 393216 from 530 to 609 us in bf16, 983 to 1059 in fp32.
+ONLINE_FP32_TERMS = 128
 TYPICAL_SM_COUNT = 132  # H100/H200: how many blocks of a split row's cooperative grid each SM must hold
 WORKSPACE_SLOT_BYTES = 8  # a split row's partial of one block in the workspace (the widest accumulator)
 COMBINE = {"sum": "({a} + {b})", "online": "({a} + {b})", "max": "pw_maximum({a}, {b})",
@@ -55,13 +62,18 @@ FLOAT_MAX = "3.40282347e+38f"
 # m is -inf); and the row's sum once its max m is known, as the graph computes it where m is not
 # finite: y - m is NaN for some y (m = +-inf), or, behind logsumexp's guard, every term is 0 or inf.
 ONLINE_FUNCTIONS = f"""
-__device__ __forceinline__ double rows_online_rescale(double s, float m, float to) {{
-  return m == to ? s : s * (double)expf(m - to);
+template <typename S> __device__ __forceinline__ S rows_online_rescale(S s, float m, float to) {{
+  return m == to ? s : s * (S)expf(m - to);
 }}
-__device__ __forceinline__ float rows_online_sum(double s, float m) {{
+template <typename S> __device__ __forceinline__ S rows_online_merge(S s, float m, S os, float om) {{
+  const bool below = m < om;  // the pair with the lesser max is rescaled; equal maxes add as they are
+  const S low = below ? s : os, high = below ? os : s;
+  return m == om ? s + os : high + low * (S)expf(-fabsf(m - om));
+}}
+template <typename S> __device__ __forceinline__ float rows_online_sum(S s, float m) {{
   return fabsf(m) <= {FLOAT_MAX} ? (float)s : __uint_as_float(0x7fc00000u);
 }}
-__device__ __forceinline__ float rows_online_sum_guarded(double s, float m) {{
+template <typename S> __device__ __forceinline__ float rows_online_sum_guarded(S s, float m) {{
   if (fabsf(m) <= {FLOAT_MAX}) return (float)s;
   return m != m ? m : m < 0.0f ? 0.0f : __uint_as_float(0x7f800000u);
 }}
@@ -276,6 +288,12 @@ class _Writer:
         self.SV = slice_vectors(plan, launch)
         self.NV = plan.row_length // self.V
         self.partial_index = {p.acc: i for i, p in enumerate(p for ps in plan.passes for p in ps.partials)}
+        threads = self.T * self.B
+        self.online_fp32 = plan.along_rows and threads >= WARP and -(-plan.row_length // threads) <= ONLINE_FP32_TERMS
+
+    def _accumulator(self, p: Partial) -> str:
+        """The type partial p accumulates in (ACCUMULATOR, but see ONLINE_FP32_TERMS)."""
+        return "float" if p.combine == "online" and self.online_fp32 else ACCUMULATOR[p.combine]
 
     # -- the kernel ------------------------------------------------------------------------
     def source(self, name: str) -> str:
@@ -559,7 +577,7 @@ extern "C" __global__ void __launch_bounds__({self._bounds()}) {name}({", ".join
                 f"{self._element(k, holder(k))};" for k in reads]
 
     def _pass(self, work: Pass) -> list[str]:
-        lines = self._lanes([f"{ACCUMULATOR[p.combine]} {p.acc} = {IDENTITY[p.combine]};" for p in work.partials])
+        lines = self._lanes([f"{self._accumulator(p)} {p.acc} = {IDENTITY[p.combine]};" for p in work.partials])
         # Double sums take each vector's elements summed in fp32 (at most 8), one conversion a
         # vector: conversions to double run at 1/8 of the fp32 rate, and a row's exp and
         # conversions per element outlasted its memory time (cross-entropy over 32000 classes).
@@ -567,7 +585,7 @@ extern "C" __global__ void __launch_bounds__({self._bounds()}) {name}({", ".join
         staged = [p for p in work.partials if p.combine == "sum" and self.V > 1]
         plain = [p for p in work.partials if p not in staged and p not in online]
         # an online sum goes before its max, which it reads as it was before the element
-        per_element = [] if self.V > 1 else [line for p in online for line in _online_element(p)]
+        per_element = [] if self.V > 1 else [line for p in online for line in _online_element(p, self._accumulator(p))]
         per_element += [f"{p.acc} = {COMBINE[p.combine].format(a=p.acc, b=_operand(p))};" for p in plain]
         per_element += [f"{p.acc}_v += {p.source};" for p in staged]
         before = [f"float {p.acc}_v = 0.0f;" for p in staged]
@@ -576,7 +594,7 @@ extern "C" __global__ void __launch_bounds__({self._bounds()}) {name}({", ".join
             per_element += [f"{p.acc}_y[v] = {p.source};" for p in online]
             before += [line for p in online for line in (f"const float {p.acc}_from = {p.scale};",
                                                          f"float {p.acc}_y[{self.V}];")]
-            after += [line for p in online for line in _online_vector(p, self.V)]
+            after += [line for p in online for line in _online_vector(p, self.V, self._accumulator(p))]
         lines += self._sweep(work, per_element, before, after)
         lines += self._combine(work)
         return lines + self._lanes(work.after)
@@ -604,7 +622,7 @@ extern "C" __global__ void __launch_bounds__({self._bounds()}) {name}({", ".join
         every thread folded every warp's slot, a block of 1024 threads spent 32 folds a thread
         a row: on an H200 a persistent softmax over 1024 x 393216 took twice a hand-written
         kernel's time)."""
-        lines = _shuffles(partials, min(self.T, WARP))
+        lines = _shuffles(partials, min(self.T, WARP), self._accumulator)
         if self.T > WARP:
             warps = self.T // WARP
             lines += self._fold_in_first_warp(partials, lambda i: f"red{i}[{self.R}][{warps}]",
@@ -624,12 +642,12 @@ extern "C" __global__ void __launch_bounds__({self._bounds()}) {name}({", ".join
         for p in partials:
             i = self.partial_index[p.acc]
             results[p.acc] = f"{result}{i}"
-            lines += [f"__shared__ {ACCUMULATOR[p.combine]} {declared(i)};", f"if ({writer}) {stored(i)} = {p.acc};",
-                      f"__shared__ {ACCUMULATOR[p.combine]} {result}{i}[{self.R}];"]
+            lines += [f"__shared__ {self._accumulator(p)} {declared(i)};", f"if ({writer}) {stored(i)} = {p.acc};",
+                      f"__shared__ {self._accumulator(p)} {result}{i}[{self.R}];"]
         lines += [sync, f"if (t < {WARP}) {{"]
         lines += [f"  {p.acc} = t < {count} ? {slot(self.partial_index[p.acc], 't')} : {IDENTITY[p.combine]};"
                   for p in partials]
-        lines += ["  " + line for line in _shuffles(partials, count)]
+        lines += ["  " + line for line in _shuffles(partials, count, self._accumulator)]
         lines += ["  if (t == 0) {"] + [f"    {results[p.acc]}[slot] = {p.acc};" for p in partials] + ["  }", "}"]
         return lines + ["__syncthreads();"] + [f"{p.acc} = {results[p.acc]}[slot];" for p in partials]
 
@@ -653,7 +671,7 @@ extern "C" __global__ void __launch_bounds__({self._bounds()}) {name}({", ".join
         folds = []
         for p in partials:
             i = self.partial_index[p.acc]
-            kind = ACCUMULATOR[p.combine]
+            kind = self._accumulator(p)
             lines += [f"{kind}* ws{i} = reinterpret_cast<{kind}*>(ws + {WORKSPACE_SLOT_BYTES * i * slots});",
                       f"if ({guard}t == 0) ws{i}[{mine}] = {p.acc};"]
             slot = self._item(p, lambda j, at: f"__ldcg(&ws{j}[row * {self.S} + {at}])", "g")
@@ -672,7 +690,7 @@ extern "C" __global__ void __launch_bounds__({self._bounds()}) {name}({", ".join
         stores, folds = [], []
         for p in work.partials:
             i = self.partial_index[p.acc]
-            stores += [f"__shared__ {ACCUMULATOR[p.combine]} red{i}[{self.T}][{self.R}];",
+            stores += [f"__shared__ {self._accumulator(p)} red{i}[{self.T}][{self.R}];",
                        f"red{i}[t][slot] = {p.acc};"]
             folds += self._fold(p, lambda j, at: f"red{j}[{at}][slot]", "y", self.T)
         return self._lanes(stores) + ["__syncthreads();"] + self._lanes(folds)
@@ -826,40 +844,42 @@ _LANE_LOCAL = re.compile(r"\b((?:a|v|acc|red|ws|rcp)\d+)\b")
 _ROW = re.compile(r"\brow\b")
 
 
-def _online_element(p: Partial) -> list[str]:
-    """An online sum's element, before its max takes it: where the max grows, the sum is rescaled."""
+def _online_element(p: Partial, kind: str) -> list[str]:
+    """An online sum's element, before its max takes it: where the max grows, the sum (in type
+    `kind`) is rescaled."""
     term = p.term.format
     return ["{", f"  const float to = pw_maximum({p.scale}, {p.source});",
-            f"  if (to != {p.scale}) {p.acc} *= (double){term(f'{p.scale} - to')};",
-            f"  {p.acc} += (double){term(f'{p.source} - fmaxf(to, -{FLOAT_MAX})')};", "}"]
+            f"  if (to != {p.scale}) {p.acc} *= ({kind}){term(f'{p.scale} - to')};",
+            f"  {p.acc} += ({kind}){term(f'{p.source} - fmaxf(to, -{FLOAT_MAX})')};", "}"]
 
 
-def _online_vector(p: Partial, width: int) -> list[str]:
+def _online_vector(p: Partial, width: int, kind: str) -> list[str]:
     """An online sum's vector of `width` elements (p.acc_y), once its max took them all: the sum
-    rescaled where the max grew, then their terms summed in fp32 (the max -inf: every term 0)."""
+    (in type `kind`) rescaled where the max grew, then their terms summed in fp32 (the max -inf:
+    every term 0)."""
     term = p.term.format
-    return [f"if ({p.scale} != {p.acc}_from) {p.acc} *= (double){term(f'{p.acc}_from - {p.scale}')};", "{",
+    return [f"if ({p.scale} != {p.acc}_from) {p.acc} *= ({kind}){term(f'{p.acc}_from - {p.scale}')};", "{",
             f"  const float base = fmaxf({p.scale}, -{FLOAT_MAX});", "  float terms = 0.0f;", "  #pragma unroll",
             f"  for (int v = 0; v < {width}; ++v) terms += {term(f'{p.acc}_y[v] - base')};",
-            f"  {p.acc} += (double)terms;", "}"]
+            f"  {p.acc} += ({kind})terms;", "}"]
 
 
-def _shuffles(partials, lanes: int) -> list[str]:
+def _shuffles(partials, lanes: int, kind_of) -> list[str]:
     """Each partial combined over `lanes` consecutive lanes of a warp (a power of two) by
-    butterfly shuffles, so every one of them holds the result."""
+    butterfly shuffles, so every one of them holds the result (an online sum in type kind_of(p))."""
     if lanes == 1:
         return []
     return (["#pragma unroll", f"for (int m = {lanes // 2}; m > 0; m >>= 1) {{"]
-            + ["  " + line for p in partials if p.combine == "online" for line in _online_shuffle(p)]
+            + ["  " + line for p in partials if p.combine == "online" for line in _online_shuffle(p, kind_of(p))]
             + [f"  {p.acc} = {COMBINE[p.combine].format(a=p.acc, b=_shuffle_xor(p.acc))};"
                for p in partials if p.combine != "online"] + ["}"])
 
 
-def _online_shuffle(p: Partial) -> list[str]:
-    """An online sum combined with the lane's whose index differs in the bits of m, before its max is."""
-    return ["{", f"  const float om = {_shuffle_xor(p.scale)};", f"  const double os = {_shuffle_xor(p.acc)};",
-            f"  const float to = pw_maximum({p.scale}, om);",
-            f"  {p.acc} = rows_online_rescale({p.acc}, {p.scale}, to) + rows_online_rescale(os, om, to);", "}"]
+def _online_shuffle(p: Partial, kind: str) -> list[str]:
+    """An online sum (in type `kind`) combined with the lane's whose index differs in the bits of
+    m, before its max is."""
+    return ["{", f"  const float om = {_shuffle_xor(p.scale)};", f"  const {kind} os = {_shuffle_xor(p.acc)};",
+            f"  {p.acc} = rows_online_merge({p.acc}, {p.scale}, os, om);", "}"]
 
 
 def _shuffle_xor(value: str) -> str:

@@ -514,7 +514,8 @@ class _Program:
         args = OpArgs({k: self.values[v] if isinstance(v, Node) else v for k, v in bound.items()}, dtype,
                       round_operands=rule.kind != "any", fast_fp32=self.low_precision_outputs)
         info = operand_info(meta.dtype)  # an index made by a where (cross-entropy's masked target)
-        expr = self._one_plus_tanh(node, bound, args) or self._summed_exp(node, args) or rule.render(args)
+        expr = (self._one_plus_tanh(node, bound, args) or self._summed_exp(node, args)
+                or self._exp_below_max(node, args) or rule.render(args))
         other = bound.get("other")
         if (node.target is aten.div.Tensor and args.fast and bound.get("rounding_mode") is None
                 and isinstance(other, Node) and self.per_row[other] and not self.per_row[node]):
@@ -547,6 +548,14 @@ class _Program:
         if not _fast_sum_term(args) or not all(REDUCTIONS.get(u.target) == "sum" for u in node.users):
             return None
         return FTZ_EXP.format(args["self"]) if _exp_less_max(node) else None
+
+    def _exp_below_max(self, node: Node, args: OpArgs) -> str | None:
+        """exp(y - max(y)), every result rounded to fp16/bf16, read beyond the row's sums
+        (softmax's output): its argument is at most 0, so it takes ops.pw_exp_fast_nonpositive,
+        which keeps subnormal results without the fast form's subnormal handling. Not behind
+        logsumexp's guard, whose constant may stand below y."""
+        found = _exp_less_max(node) if args.fast else None
+        return f"pw_exp_fast_nonpositive({args['self']})" if found and not found[2] else None
 
     def _online_sum(self, node: Node) -> bool:
         """Renders `node` as an online partial (Partial) where it is a sum of exp(y - max(y)) in
