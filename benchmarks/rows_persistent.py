@@ -44,12 +44,13 @@ def source(dtype: str, C=8, T=512, MINB=1, HOLD=1, PREFETCH=1, U=4, NOL1=0, STCS
 
 
 def variant(dtype, C: int, T: int, kernel="persist", NCL=16, rows=ROWS, **defines):
-    """The kernel on NCL clusters of C blocks of T threads (its grid), as a launch-op model of
-    x -> softmax(x) over `rows` rows."""
+    """The kernel on NCL clusters of C blocks of T threads (its grid; NCL 0: as many as fit at
+    once, the launch op's persistent launch), as a launch-op model of x -> softmax(x) over `rows`
+    rows."""
     src = source(dtype, C=C, T=T, rows=rows, **defines)
     x = TensorSpec((rows, ROWLEN), (ROWLEN, 1), "bfloat16" if dtype == "bf16" else "float32", "cuda")
-    launch = KernelLaunch.compile(src, kernel, grid=NCL * C, block=T, args=(Arg.input(0), Arg.output(0)),
-                                  cluster=C if kernel == "persist" else 1)
+    launch = KernelLaunch.compile(src, kernel, grid=(NCL or rows) * C, block=T, args=(Arg.input(0), Arg.output(0)),
+                                  cluster=C if kernel == "persist" else 1, persistent=NCL == 0)
     return launch_spec_model(LaunchSpec(inputs=(x,), outputs=(x,), kernels=(launch,)))()
 
 
@@ -69,6 +70,7 @@ VARIANTS = {
         "hold-c8t512-n15": dict(C=8, T=512, NCL=15),
         "hold-c8t512-n14": dict(C=8, T=512, NCL=14),
         "hold-c8t512-n4096": dict(C=8, T=512, NCL=4096),
+        "hold-c8t512-fit": dict(C=8, T=512, NCL=0),
         "hold-c8t512-n16-nopf": dict(C=8, T=512, NCL=16, PREFETCH=0),
         "hold-c8t512-n16-nol1": dict(C=8, T=512, NCL=16, NOL1=1),
         "hold-c8t512-n16-stcs": dict(C=8, T=512, NCL=16, STCS=1),

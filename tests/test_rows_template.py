@@ -420,6 +420,18 @@ def test_online_sums_are_fp32_where_each_thread_sums_few_terms(shape, launch, fp
     assert ("float os = __shfl_xor_sync" in kernel) == fp32
 
 
+@pytest.mark.parametrize("rows, persistent, wide", [
+    (4096, True, False),  # 1.6e9 elements: the persistent kernel forms no offset past the last row
+    (4096, False, True),  # a grid of clusters may form offsets of rows past the last
+    (1024, False, False),
+    (5462, True, True),  # 2^31 elements and more
+])
+def test_persistent_kernels_take_32_bit_offsets_while_the_tensors_offsets_fit(rows, persistent, wide):
+    plan = build_plan(resized(case_task("softmax", bf16), (rows, 393216)), online=True)
+    source = kernel_source(plan, "k", Launch(512, 1, 8, "registers", 8, persistent=persistent))
+    assert ("typedef long long idx_t;" in source) == wide and ("typedef int idx_t;" in source) != wide
+
+
 def _masked_max_sum_exp(x):
     m = x.amax(-1, keepdim=True)
     return (x - torch.where(x[:, :1] < 0, 0.0, m)).exp().sum(-1)

@@ -166,7 +166,7 @@ class RowPlan:
     vector_width: int               # elements per access along the innermost dim (1: none)
     along_rows: bool                # threads of a row run along it (its elements are contiguous), else
                                     # across rows (consecutive rows are contiguous: "outer" kernels)
-    wide_index: bool                # 64-bit offsets needed
+    wide_index: bool                # 64-bit offsets needed (rows past the last included: needs_wide_index)
     scan: Scan | None = None        # a running sum along the rows (then there are no passes)
 
     @property
@@ -260,7 +260,8 @@ class _Builder:
         reads = [set(p.reads) for p in passes] + [set(epilogue.reads)]
         stored = tuple(k for k in range(len(accesses)) if sum(k in r for r in reads) > 1)
         width = self._vector_width(inner, accesses, outputs) if along else 1
-        wide = math.prod(space) >= 2**30 or any(s.storage_elements() >= 2**31 for s in self.task.inputs + self.task.outputs)
+        # twice the index space: a grid may form offsets of rows past the last (row_ok false)
+        wide = needs_wide_index(2 * math.prod(space), self.task.inputs + self.task.outputs)
         return RowPlan(outer, inner, self.task.inputs, accesses, outputs, prelude, passes, epilogue, stored,
                        width, along, wide, program.scan(self.scans))
 
@@ -782,6 +783,11 @@ class _Program:
         ordered = [n for n in self.b.nodes if n in needed]
         reads = tuple(sorted(self.access_of[n] for n in ordered if n in self.access_of))
         return reads, tuple(map(self._typed, takes)), tuple(line for n in ordered for line in self.statements[n])
+
+
+def needs_wide_index(elements: int, specs) -> bool:
+    """Whether offsets up to `elements`, or into the storage of any of `specs`, need 64 bits."""
+    return elements >= 2**31 or any(s.storage_elements() >= 2**31 for s in specs)
 
 
 def _exp_less_max(node: Node) -> tuple[Node, Node, bool] | None:
