@@ -1,7 +1,9 @@
 """The float64 accuracy check's parts, on the CPU: the float64 evaluation ignores the program's
 own roundings, the error measure, and the bar a candidate must meet; a task whose float64
 evaluation does not fit in memory is verified without it."""
+import gc
 import math
+import weakref
 
 import pytest
 import torch
@@ -9,7 +11,7 @@ import torch
 from agent_backend.env import compare, float64
 from agent_backend.env.guards import GlobalSwitches, PatchFingerprint
 from agent_backend.env.results import precision_settings
-from agent_backend.env.verify import CpuRunner, Verifier
+from agent_backend.env.verify import VERIFICATION_PLAN, CpuRunner, Verifier
 from agent_backend.env.worker import _settle_torch
 from test_env_cases import add_relu_task
 
@@ -103,6 +105,32 @@ def _verifier(candidate: torch.nn.Module, reference: torch.nn.Module) -> Verifie
     _settle_torch()  # what torch patches into itself on first use is not the candidate's doing
     return Verifier(candidate, reference, add_relu_task(), torch.device("cpu"), precision_settings(None),
                     CpuRunner(), GlobalSwitches("cpu"), PatchFingerprint(), seed=0)
+
+
+class RecordsItsOutputs(AddRelu):
+    """AddRelu keeping a weak reference to each output it returns in its own dtype."""
+
+    def __init__(self):
+        super().__init__()
+        self.outputs = []
+
+    def forward(self, a, b):
+        out = super().forward(a, b)
+        if out.dtype != torch.float64:  # not the float64 evaluation's
+            self.outputs.append(weakref.ref(out))
+        return out
+
+
+def test_only_the_latest_trials_copies_and_references_stay_alive():
+    """Each trial's inputs stay alive to the end (pointers never repeat), but the reference's
+    outputs and the candidate's copies only while their trial is the latest: the explanation of a
+    cached result needs no more, and seven trials' worth of them had filled an H200."""
+    reference = RecordsItsOutputs()
+    verifier = _verifier(AddRelu(), reference)
+    assert verifier.run() is None
+    gc.collect()
+    assert [r() is not None for r in reference.outputs] == [False] * (len(VERIFICATION_PLAN) - 1) + [True]
+    assert len(verifier._history) == len(VERIFICATION_PLAN) and all(t.inputs for t in verifier._history)
 
 
 def test_a_float64_evaluation_out_of_memory_leaves_the_check_out_and_the_candidate_judged():
