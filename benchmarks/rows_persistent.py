@@ -1,6 +1,7 @@
 """Softmax over many long rows (KernelBench level 1's 4096 x 393216), hand-written kernels of
-benchmarks/rows_persistent.cu against Inductor and torch's copy of the tensor
-(triton.testing.do_bench, the least of 3 interleaved rounds): a row over a cluster of C blocks,
+benchmarks/rows_persistent.cu and the backend's own ("gen-t<threads>") against Inductor and
+torch's copy of the tensor (triton.testing.do_bench, the least of 3 interleaved rounds): a row
+over a cluster of C blocks,
 NCL clusters launched (persistent: they loop over the rows; n4096: one cluster a row), held in
 registers with the next row loaded as this one is stored ("hold") or read twice, the second time
 from L2 ("l2"), and a copy on the same grid ("pcopy"). What set skills/rows/candidates'
@@ -9,7 +10,7 @@ benchmarks/results/persistent_probe-h200-torch2.11-2026-11-27-twentyseventh.txt)
 
     python benchmarks/rows_persistent.py bf16,fp32 [LABEL-SUBSTRING] [--rows N]
 
---rows 1024 matches the suite's softmax_many_long_rows, whose generated kernels
+--rows 1024 matches the suite's softmax_many_long_rows, all of whose generated kernels
 benchmarks/rows_plans.py times (benchmarks/gpu_session.sh many-long-rows runs both).
 """
 from __future__ import annotations
@@ -23,10 +24,15 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout
 
 from agent_backend.env.launch_op import launch_spec_model  # noqa: E402
+from agent_backend.explain import tasks_of, trace_tasks  # noqa: E402
 from agent_backend.env.launch_spec import Arg, KernelLaunch, LaunchSpec  # noqa: E402
 from agent_backend.specs import TensorSpec  # noqa: E402
+from agent_backend.task import load_program  # noqa: E402
 from benchmarks.rows_phases import COMMON  # noqa: E402
 from benchmarks.rows_plans import bench  # noqa: E402
+from skills.rows.candidates import MAX_CLUSTER, model_source  # noqa: E402
+from skills.rows.codegen import Launch  # noqa: E402
+from skills.rows.plan import build_plan  # noqa: E402
 
 ROWS, ROWLEN = 4096, 393216
 SRC = (Path(__file__).parent / "rows_persistent.cu").read_text()
@@ -85,15 +91,36 @@ VARIANTS = {
 }
 
 
+GENERATED_THREADS = (512, 1024)  # "gen-t<threads>": skills/rows' persistent kernels of the same softmax
+
+
+class Softmax(torch.nn.Module):
+    def forward(self, x):
+        return torch.softmax(x, -1)
+
+
+def generated(x: torch.Tensor, threads: int):
+    """The backend's own candidate for softmax(x) (traced as the backend traces it): the online
+    plan at `threads` a block, a persistent cluster of MAX_CLUSTER blocks a row, as a program's
+    ModelNew (launch spec, fallback kernel and all)."""
+    (task,) = tasks_of(trace_tasks(Softmax(), [x], backward=False, min_ops=1))
+    plan = build_plan(task, online=True)
+    launch = Launch(threads, 1, plan.vector_width, "registers", MAX_CLUSTER, persistent=True)
+    return load_program(model_source(plan, launch), f"gen-t{threads}")["ModelNew"]()
+
+
 def contenders(dtype: str, x: torch.Tensor, only: str) -> dict:
     """Each variant (whose label holds `only`) that runs and gives softmax(x) (a copy: x), a call."""
     expected = torch.softmax(x.float(), -1).to(x.dtype)
+    makers = {label: (lambda p=params: variant(dtype, rows=x.shape[0], **p))
+              for label, params in VARIANTS[dtype].items()}
+    makers |= {f"gen-t{t}": (lambda t=t: generated(x, t)) for t in GENERATED_THREADS}
     fns = {}
-    for label, params in VARIANTS[dtype].items():
+    for label, make in makers.items():
         if only not in label:
             continue
         try:
-            model = variant(dtype, rows=x.shape[0], **params)
+            model = make()
             out = model(x)
             torch.cuda.synchronize()  # a kernel's fault shows here, under its own label
             ok = torch.equal(out, x) if label.startswith("pcopy") else torch.allclose(
