@@ -1,6 +1,6 @@
 // benchmarks/rows_persistent.py's kernels (defines: E, VW, C, THREADS, MINB, ROWS, ROWLEN, HOLD,
-// PREFETCH, NV, U, NOL1, STCS). Softmax over many long rows: each row over a cluster of C blocks, the grid
-// persistent (NCL clusters, rows strided), the row's (max, sum) through distributed shared memory.
+// PREFETCH, NV, U, NOL1, STCS, STAGE, NBUF, NCH). Softmax over many long rows: each row over a
+// cluster of C blocks, the grid persistent (NCL clusters, rows strided), the row's (max, sum) through distributed shared memory.
 // HOLD 1: each thread's NV vectors of the slice in registers; the next row's vector e is loaded
 //         into the register just stored from (PREFETCH 1), so one row's stores overlap the next
 //         row's loads. HOLD 0: the slice streamed twice, the second pass hitting L2.
@@ -158,3 +158,83 @@ pcopy(const E* __restrict__ in, E* __restrict__ out) {
     }
   }
 }
+
+#if STAGE
+// The persistent kernel with its rows staged in shared memory by the copy engine (STAGE 1):
+// NBUF buffers of a block's slice (a row's 1/C), each filled by NCH bulk copies on one mbarrier.
+// A row's slice goes from its buffer into registers (the online max and sum as above); once the
+// row's pair is combined over the cluster (every thread of the block is past its reads), thread 0
+// refills the buffer with the row NBUF rows on, so loads run on through the reduction and the
+// stores. The epilogue stores from registers, as in `persist`.
+#define CHUNK_BYTES (SLICE * (int)sizeof(E) / NCH)
+static_assert(SLICE * (int)sizeof(E) % (NCH * 16) == 0, "bulk copies are whole multiples of 16 bytes");
+__device__ __forceinline__ unsigned smem_at(const void* p) { return (unsigned)__cvta_generic_to_shared(p); }
+// thread 0: the slice of `row` on its way into `buf`, completing `bar`'s current phase
+__device__ __forceinline__ void stage_row(const E* in, long piece, int row, E* buf, unsigned long long* bar) {
+  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // the block's reads of buf come first
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;"
+               :: "r"(smem_at(bar)), "r"((unsigned)(SLICE * sizeof(E))) : "memory");
+  const char* src = reinterpret_cast<const char*>(in + row * (long)ROWLEN + piece);
+  for (int c = 0; c < NCH; ++c)
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
+                 :: "r"(smem_at(buf) + c * CHUNK_BYTES), "l"(src + c * CHUNK_BYTES), "r"((unsigned)CHUNK_BYTES),
+                    "r"(smem_at(bar)) : "memory");
+}
+// until `bar`'s phase of this parity completes (a trap, not a hang, if it never does)
+__device__ __forceinline__ void wait_parity(unsigned long long* bar, unsigned parity) {
+  unsigned done = 0;
+  for (long spins = 0; !done; ++spins) {
+    asm volatile("{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2; selp.u32 %0, 1, 0, p; }"
+                 : "=r"(done) : "r"(smem_at(bar)), "r"(parity) : "memory");
+    if (spins > (1L << 24)) __trap();
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(THREADS, 1)
+persist_staged(const E* __restrict__ in, E* __restrict__ out) {
+  cg::cluster_group cluster = cg::this_cluster();
+  extern __shared__ __align__(128) unsigned char smem[];
+  __shared__ __align__(8) unsigned long long bar[NBUF];
+  __shared__ float2 red[THREADS / 32];
+  __shared__ float2 slots[2];
+  E* bufs = reinterpret_cast<E*>(smem);
+  const int t = threadIdx.x;
+  const int ncl = gridDim.x / C;
+  const long piece = (long)cluster.block_rank() * SLICE;
+  const int first = blockIdx.x / C;
+  if (t == 0) {
+    for (int b = 0; b < NBUF; ++b) asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" :: "r"(smem_at(bar + b)));
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    for (int b = 0; b < NBUF && first + b * ncl < ROWS; ++b)
+      stage_row(in, piece, first + b * ncl, bufs + b * SLICE, bar + b);
+  }
+  __syncthreads();  // the barriers are initialised before anyone waits on them
+  int k = 0;
+  for (int row = first; row < ROWS; row += ncl, ++k) {
+    const int b = k % NBUF;
+    E* buf = bufs + b * SLICE;
+    wait_parity(bar + b, (unsigned)(k / NBUF) & 1u);
+    V x[NV];
+    float m = NEG_INF, s = 0.f;
+    #pragma unroll
+    for (int e = 0; e < NV; ++e) {
+      x[e] = reinterpret_cast<const V*>(buf)[e * THREADS + t];
+      online<1>(m, s, &x[e]);
+    }
+    const float2 q = row_pair(make_float2(m, s), red, &slots[k & 1], cluster);
+    // every thread of the block has passed the cluster barrier in row_pair, so its reads of buf are done
+    const int ahead = row + NBUF * ncl;
+    if (t == 0 && ahead < ROWS) stage_row(in, piece, ahead, buf, bar + b);
+    const float qb = q.x * L2E, rs = 1.0f / q.y;
+    V* dst = reinterpret_cast<V*>(out + row * (long)ROWLEN + piece);
+    #pragma unroll
+    for (int e = 0; e < NV; ++e) {
+      V y;
+      #pragma unroll
+      for (int v = 0; v < VW; ++v) fromf(ex2(fmaf(tof(x[e].v[v]), L2E, -qb)) * rs, y.v[v]);
+      st(dst + e * THREADS + t, y);
+    }
+  }
+  cluster.sync();  // no block leaves while another may read its slots
+}
+#endif

@@ -1,14 +1,14 @@
 """Softmax over many long rows (KernelBench level 1's 4096 x 393216), hand-written kernels of
 benchmarks/rows_persistent.cu and the backend's own ("gen-t<threads>") against Inductor and
 torch's copy of the tensor (triton.testing.do_bench, the least of 3 interleaved rounds): a row
-over a cluster of C blocks,
-NCL clusters launched (persistent: they loop over the rows; n4096: one cluster a row), held in
-registers with the next row loaded as this one is stored ("hold") or read twice, the second time
-from L2 ("l2"), and a copy on the same grid ("pcopy"). What set skills/rows/candidates'
-persistent clusters (on an H200, 2026-11-27:
-benchmarks/results/persistent_probe-h200-torch2.11-2026-11-27-twentyseventh.txt).
+over a cluster of C blocks, NCL clusters launched (persistent: they loop over the rows; n4096:
+one cluster a row; fit: as many as fit at once), held in registers with the next row loaded as
+this one is stored ("hold"), staged in shared memory by bulk copies a row or two ahead
+("staged": not yet run on a GPU), or read twice, the second time from L2 ("l2"), and a copy on
+the same grid ("pcopy"). What set skills/rows/candidates' persistent clusters (on an H200,
+2026-11-27: benchmarks/results/persistent_probe-h200-torch2.11-2026-11-27-twentyseventh.txt).
 
-    python benchmarks/rows_persistent.py bf16,fp32 [LABEL-SUBSTRING] [--rows N]
+    python benchmarks/rows_persistent.py bf16,fp32 [LABEL-SUBSTRINGS,...] [--rows N]
 
 --rows 1024 matches the suite's softmax_many_long_rows, all of whose generated kernels
 benchmarks/rows_plans.py times (benchmarks/gpu_session.sh many-long-rows runs both).
@@ -38,14 +38,15 @@ ROWS, ROWLEN = 4096, 393216
 SRC = (Path(__file__).parent / "rows_persistent.cu").read_text()
 
 
-def source(dtype: str, C=8, T=512, MINB=1, HOLD=1, PREFETCH=1, U=4, NOL1=0, STCS=0, rows=ROWS) -> str:
+def source(dtype: str, C=8, T=512, MINB=1, HOLD=1, PREFETCH=1, U=4, NOL1=0, STCS=0, STAGE=0, NBUF=2, NCH=4,
+           rows=ROWS) -> str:
     """rows_persistent.cu under its defines: C blocks a row, T threads, MINB blocks an SM, ..."""
     vw = 8 if dtype == "bf16" else 4
     nvs = ROWLEN // C // vw
     nv = nvs // T
     assert nvs % (T * U) == 0 and nv * T == nvs
     d = dict(E="bf16" if dtype == "bf16" else "float", VW=vw, C=C, THREADS=T, MINB=MINB, ROWS=rows, ROWLEN=ROWLEN,
-             HOLD=HOLD, PREFETCH=PREFETCH, NV=nv, U=U, NOL1=NOL1, STCS=STCS)
+             HOLD=HOLD, PREFETCH=PREFETCH, NV=nv, U=U, NOL1=NOL1, STCS=STCS, STAGE=STAGE, NBUF=NBUF, NCH=NCH)
     return "".join(f"#define {k} {v}\n" for k, v in d.items()) + COMMON + SRC
 
 
@@ -55,8 +56,10 @@ def variant(dtype, C: int, T: int, kernel="persist", NCL=16, rows=ROWS, **define
     rows."""
     src = source(dtype, C=C, T=T, rows=rows, **defines)
     x = TensorSpec((rows, ROWLEN), (ROWLEN, 1), "bfloat16" if dtype == "bf16" else "float32", "cuda")
+    staged = defines.get("NBUF", 2) * ROWLEN // C * (2 if dtype == "bf16" else 4) if kernel == "persist_staged" else 0
     launch = KernelLaunch.compile(src, kernel, grid=(NCL or rows) * C, block=T, args=(Arg.input(0), Arg.output(0)),
-                                  cluster=C if kernel == "persist" else 1, persistent=NCL == 0)
+                                  shared_mem=staged, cluster=C if kernel.startswith("persist") else 1,
+                                  persistent=NCL == 0)
     return launch_spec_model(LaunchSpec(inputs=(x,), outputs=(x,), kernels=(launch,)))()
 
 
@@ -77,6 +80,10 @@ VARIANTS = {
         "hold-c8t512-n14": dict(C=8, T=512, NCL=14),
         "hold-c8t512-n4096": dict(C=8, T=512, NCL=4096),
         "hold-c8t512-fit": dict(C=8, T=512, NCL=0),
+        # rows staged in shared memory by bulk copies, two buffers: loads run on through a row's reduction
+        "staged-c8t512-b2": dict(kernel="persist_staged", C=8, T=512, STAGE=1, NBUF=2, NCL=0),
+        "staged-c8t512-b2-ch1": dict(kernel="persist_staged", C=8, T=512, STAGE=1, NBUF=2, NCH=1, NCL=0),
+        "staged-c8t512-b1": dict(kernel="persist_staged", C=8, T=512, STAGE=1, NBUF=1, NCL=0),
         "hold-c8t512-n16-nopf": dict(C=8, T=512, NCL=16, PREFETCH=0),
         "hold-c8t512-n16-nol1": dict(C=8, T=512, NCL=16, NOL1=1),
         "hold-c8t512-n16-stcs": dict(C=8, T=512, NCL=16, STCS=1),
@@ -86,6 +93,7 @@ VARIANTS = {
         "hold-c8t1024-n16": dict(C=8, T=1024, NCL=16),
         "hold-c8t1024-n15": dict(C=8, T=1024, NCL=15),
         "hold-c8t1024-n16-nopf": dict(C=8, T=1024, NCL=16, PREFETCH=0),
+        "staged-c8t1024-b1": dict(kernel="persist_staged", C=8, T=1024, STAGE=1, NBUF=1, NCL=0),
         **STREAMED,
     },
 }
@@ -110,14 +118,15 @@ def generated(x: torch.Tensor, threads: int):
 
 
 def contenders(dtype: str, x: torch.Tensor, only: str) -> dict:
-    """Each variant (whose label holds `only`) that runs and gives softmax(x) (a copy: x), a call."""
+    """Each variant (whose label holds one of `only`'s comma-separated parts) that runs and gives
+    softmax(x) (a copy: x), a call."""
     expected = torch.softmax(x.float(), -1).to(x.dtype)
     makers = {label: (lambda p=params: variant(dtype, rows=x.shape[0], **p))
               for label, params in VARIANTS[dtype].items()}
     makers |= {f"gen-t{t}": (lambda t=t: generated(x, t)) for t in GENERATED_THREADS}
     fns = {}
     for label, make in makers.items():
-        if only not in label:
+        if not any(part in label for part in only.split(",")):
             continue
         try:
             model = make()
@@ -151,7 +160,7 @@ def main(dtype: str, only: str = "", rows: int = ROWS) -> None:
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("dtypes", help="bf16, fp32 or bf16,fp32")
-    parser.add_argument("only", nargs="?", default="", help="time the variants whose label holds this")
+    parser.add_argument("only", nargs="?", default="", help="time the variants whose label holds one of these")
     parser.add_argument("--rows", type=int, default=ROWS)
     args = parser.parse_args()
     for d in args.dtypes.split(","):

@@ -41,9 +41,12 @@ def _compiles_without_spilling(path, source: str) -> None:
 @pytest.mark.skipif(_nvcc() is None, reason="needs nvcc")
 @pytest.mark.parametrize("dtype, defines", [("bf16", dict(T=512)), ("fp32", dict(T=1024)),
                                             ("bf16", dict(T=512, MINB=2, HOLD=0)),
-                                            ("fp32", dict(T=512, MINB=2, HOLD=0))])
+                                            ("fp32", dict(T=512, MINB=2, HOLD=0)),
+                                            ("bf16", dict(T=512, STAGE=1, NBUF=2)),
+                                            ("fp32", dict(T=1024, STAGE=1, NBUF=1))])
 def test_the_persistent_cluster_probes_compile_without_spilling(tmp_path, dtype, defines):
     """benchmarks/rows_persistent.py's shapes that ran fastest (rows held in registers, 48 words a
-    thread, the next row loaded as this one is stored; rows read again from L2): no spills."""
+    thread, the next row loaded as this one is stored; rows read again from L2; rows staged in
+    shared memory by bulk copies): no spills."""
     from benchmarks.rows_persistent import source
     _compiles_without_spilling(tmp_path / f"persistent_{dtype}.cu", source(dtype, **defines))
