@@ -150,7 +150,8 @@ case "$phase" in
   many-long-rows)
     { header "many long rows"
       timeout 400 python3 benchmarks/rows_plans.py softmax_many_long_rows:bf16 softmax_many_long_rows:fp32
-      timeout 200 python3 benchmarks/rows_persistent.py bf16,fp32 hold,staged,gen --rows 1024; } >"$out/many_long_rows.log" 2>&1
+      timeout 200 python3 benchmarks/rows_persistent.py bf16,fp32 hold,staged,gen --rows 1024
+    } >"$out/many_long_rows.log" 2>&1
     grep -v DEBUG "$out/many_long_rows.log" | tail -n 20
     ;;
   flush)

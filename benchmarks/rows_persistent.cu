@@ -1,6 +1,7 @@
 // benchmarks/rows_persistent.py's kernels (defines: E, VW, C, THREADS, MINB, ROWS, ROWLEN, HOLD,
 // PREFETCH, NV, U, NOL1, STCS, STAGE, NBUF, NCH). Softmax over many long rows: each row over a
-// cluster of C blocks, the grid persistent (NCL clusters, rows strided), the row's (max, sum) through distributed shared memory.
+// cluster of C blocks, the grid persistent (NCL clusters, rows strided), the row's (max, sum)
+// through distributed shared memory.
 // HOLD 1: each thread's NV vectors of the slice in registers; the next row's vector e is loaded
 //         into the register just stored from (PREFETCH 1), so one row's stores overlap the next
 //         row's loads. HOLD 0: the slice streamed twice, the second pass hitting L2.
@@ -22,6 +23,13 @@ __device__ __forceinline__ void online(float& m, float& s, const V* x) {
   for (int u = 0; u < N; ++u)
     #pragma unroll
     for (int v = 0; v < VW; ++v) s += ex2(fmaf(tof(x[u].v[v]), L2E, -mb));
+}
+// softmax of a vector: exp(x - max) / sum, given max * log2(e) (qb) and 1 / sum (rs)
+__device__ __forceinline__ V softmax_vector(const V& x, float qb, float rs) {
+  V y;
+  #pragma unroll
+  for (int v = 0; v < VW; ++v) fromf(ex2(fmaf(tof(x.v[v]), L2E, -qb)) * rs, y.v[v]);
+  return y;
 }
 __device__ __forceinline__ V ld(const V* p) {
 #if NOL1
@@ -101,10 +109,7 @@ persist(const E* __restrict__ in, E* __restrict__ out) {
     const V* src = reinterpret_cast<const V*>(in + next * (long)ROWLEN + piece);
     #pragma unroll
     for (int e = 0; e < NV; ++e) {
-      V y;
-      #pragma unroll
-      for (int v = 0; v < VW; ++v) fromf(ex2(fmaf(tof(b[e].v[v]), L2E, -qb)) * rs, y.v[v]);
-      st(dst + e * THREADS + t, y);
+      st(dst + e * THREADS + t, softmax_vector(b[e], qb, rs));
 #if PREFETCH
       if (next < ROWS) b[e] = ld(src + e * THREADS + t);
 #endif
@@ -129,12 +134,7 @@ persist(const E* __restrict__ in, E* __restrict__ out) {
       #pragma unroll
       for (int u = 0; u < U; ++u) x[u] = src[i + u * THREADS];
       #pragma unroll
-      for (int u = 0; u < U; ++u) {
-        V y;
-        #pragma unroll
-        for (int v = 0; v < VW; ++v) fromf(ex2(fmaf(tof(x[u].v[v]), L2E, -qb)) * rs, y.v[v]);
-        st(dst + i + u * THREADS, y);
-      }
+      for (int u = 0; u < U; ++u) st(dst + i + u * THREADS, softmax_vector(x[u], qb, rs));
     }
   }
 #endif
@@ -228,12 +228,7 @@ persist_staged(const E* __restrict__ in, E* __restrict__ out) {
     const float qb = q.x * L2E, rs = 1.0f / q.y;
     V* dst = reinterpret_cast<V*>(out + row * (long)ROWLEN + piece);
     #pragma unroll
-    for (int e = 0; e < NV; ++e) {
-      V y;
-      #pragma unroll
-      for (int v = 0; v < VW; ++v) fromf(ex2(fmaf(tof(x[e].v[v]), L2E, -qb)) * rs, y.v[v]);
-      st(dst + e * THREADS + t, y);
-    }
+    for (int e = 0; e < NV; ++e) st(dst + e * THREADS + t, softmax_vector(x[e], qb, rs));
   }
   cluster.sync();  // no block leaves while another may read its slots
 }
