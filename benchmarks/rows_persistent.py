@@ -24,8 +24,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout
 
 from agent_backend.env.launch_op import launch_spec_model  # noqa: E402
-from agent_backend.explain import tasks_of, trace_tasks  # noqa: E402
 from agent_backend.env.launch_spec import Arg, KernelLaunch, LaunchSpec  # noqa: E402
+from agent_backend.explain import tasks_of, trace_tasks  # noqa: E402
 from agent_backend.specs import TensorSpec  # noqa: E402
 from agent_backend.task import load_program  # noqa: E402
 from benchmarks.rows_phases import COMMON  # noqa: E402
@@ -56,7 +56,8 @@ def variant(dtype, C: int, T: int, kernel="persist", NCL=16, rows=ROWS, **define
     rows."""
     src = source(dtype, C=C, T=T, rows=rows, **defines)
     x = TensorSpec((rows, ROWLEN), (ROWLEN, 1), "bfloat16" if dtype == "bf16" else "float32", "cuda")
-    staged = defines.get("NBUF", 2) * ROWLEN // C * (2 if dtype == "bf16" else 4) if kernel == "persist_staged" else 0
+    # a staged kernel's buffers (its variants name NBUF): NBUF slices of the row
+    staged = defines["NBUF"] * ROWLEN // C * (2 if dtype == "bf16" else 4) if kernel == "persist_staged" else 0
     launch = KernelLaunch.compile(src, kernel, grid=(NCL or rows) * C, block=T, args=(Arg.input(0), Arg.output(0)),
                                   shared_mem=staged, cluster=C if kernel.startswith("persist") else 1,
                                   persistent=NCL == 0)
