@@ -355,7 +355,7 @@ extern "C" __global__ void __launch_bounds__({self._bounds()}) {name}({", ".join
         rows = self.plan.rows
         fetch = self._loop([f"rows_prefetch16(&next{k}[e * {self.launch.block} + t], {self._global_pointer(k)});"
                             for k in self.plan.stored]) + ["rows_prefetch_commit();"]
-        take = ([f"{self._buffer_type(k)} buf{k}[{self.E}];" for k in self.plan.stored] + ["rows_prefetch_wait();"]
+        take = (self._register_buffers() + ["rows_prefetch_wait();"]
                 + self._loop([f"buf{k}[e] = next{k}[e * {self.launch.block} + t];" for k in self.plan.stored]))
         first = ["{", "  const idx_t row = (idx_t)blockIdx.x;", "  const bool row_ok = true;"]
         ahead = ["{", "  const idx_t row = next_row;", f"  const bool row_ok = row < {rows};"]
@@ -374,19 +374,16 @@ extern "C" __global__ void __launch_bounds__({self._bounds()}) {name}({", ".join
         before, so that one row's stores overlap the next row's loads (on an H200, a hand-written
         softmax of this structure over 4096 x 393216 bf16: 85% of a copy's rate; one cluster a
         row, 64%; benchmarks/rows_persistent.py)."""
-        rows, stored = self.plan.rows, self.plan.stored
+        rows = self.plan.rows
         first = (["{", f"  const idx_t row = (idx_t)blockIdx.x / {self.C};", f"  const bool row_ok = row < {rows};"]
-                 + _indent_lines(self._bases() + self._loop([f"buf{k}[e] = {self._global_read(k)};" for k in stored]))
-                 + ["}"])
+                 + _indent_lines(self._bases() + self._read_stored()) + ["}"])
         # the last row loads itself again: with no branch, no register holds a vector's old value
         # beside its new one (if (next_ok) buf[e] = ... spilled 200-340 bytes of a bf16 softmax)
         body = (["const bool row_ok = true;"] + self._bases()
                 + [f"const idx_t next_row = row + clusters < {rows} ? row + clusters : row;"]
                 + self._next_bases() + self._row_work([]))
-        return (["const int t = threadIdx.x;", "const int slot = 0;", "cg::cluster_group cluster = cg::this_cluster();",
-                 f"const idx_t slice0 = (idx_t)cluster.block_rank() * {self.SV};",
-                 f"const idx_t clusters = gridDim.x / {self.C};"]
-                + [f"{self._buffer_type(k)} buf{k}[{self.E}];" for k in stored] + first
+        return (["const int t = threadIdx.x;", "const int slot = 0;"] + self._cluster_slice()
+                + [f"const idx_t clusters = gridDim.x / {self.C};"] + self._register_buffers() + first
                 + ["int parity = 0;  // which of two slots the cluster's partials of this row go to",
                    f"for (idx_t row = (idx_t)blockIdx.x / {self.C}; row < {rows}; row += clusters, parity ^= 1) {{"]
                 + _indent_lines(body) + ["}"])
@@ -424,13 +421,17 @@ extern "C" __global__ void __launch_bounds__({self._bounds()}) {name}({", ".join
             lines = [f"const int t = threadIdx.x % {self.T};", f"const int slot = threadIdx.x / {self.T};",
                      f"const idx_t row = (idx_t)blockIdx.x * {self.R} + slot;"]
         if self.C > 1:
-            lines += ["cg::cluster_group cluster = cg::this_cluster();",
-                      "const idx_t slice0 = (idx_t)cluster.block_rank() * " + str(self.SV) + ";"]
+            lines += self._cluster_slice()
         if self.S > 1:
             lines += ["cg::grid_group grid = cg::this_grid();",
                       f"const idx_t slice0 = (idx_t)(blockIdx.x % {self.S}) * {self.SV};"]
         lines.append(f"const bool row_ok = row < {self.plan.rows};")
         return lines
+
+    def _cluster_slice(self) -> list[str]:
+        """The block's cluster, and the first vector of the row its slice starts at."""
+        return ["cg::cluster_group cluster = cg::this_cluster();",
+                f"const idx_t slice0 = (idx_t)cluster.block_rank() * {self.SV};"]
 
     def _bases(self) -> list[str]:
         """Each operand's offset of the row's first element."""
@@ -508,15 +509,18 @@ extern "C" __global__ void __launch_bounds__({self._bounds()}) {name}({", ".join
         return info.load.format(f"{holder}.v[v]" if is_vector_access(self.plan, k, self.V) else holder)
 
     def _load_stored(self) -> list[str]:
-        plan = self.plan
-        if not plan.stored:
+        if not self.plan.stored:
             return []
-        if self.launch.storage == "shared":
-            lines = self._shared_copies("buf")
-        else:
-            lines = [f"{self._buffer_type(k)} buf{k}[{self.E}];" for k in plan.stored]
-        body = [f"{self._buffer(k)} = {self._global_read(k)};" for k in plan.stored]
-        return lines + self._loop(body)
+        buffers = self._shared_copies("buf") if self.launch.storage == "shared" else self._register_buffers()
+        return buffers + self._read_stored()
+
+    def _register_buffers(self) -> list[str]:
+        """buf<k>: each stored input's vectors of the row, E a thread, in registers."""
+        return [f"{self._buffer_type(k)} buf{k}[{self.E}];" for k in self.plan.stored]
+
+    def _read_stored(self) -> list[str]:
+        """Each stored input's vectors of the row (its bases known) into its buffer."""
+        return self._loop([f"{self._buffer(k)} = {self._global_read(k)};" for k in self.plan.stored])
 
     def _shared_copies(self, name: str) -> list[str]:
         """`<name><k>`: each stored input's copy of the block's rows in dynamic shared memory, one
