@@ -111,8 +111,9 @@ def images(d):
 
 
 LONG_ROWS = {"rows": 16, "cols": 393216}
-# KernelBench level 1's rows (its batch is 4096: 6.4 GB in fp32, more than the verifier can hold
-# on an H200, since it keeps every trial's inputs and outputs alive to the end)
+# KernelBench level 1's rows (its batch is 4096: 6.4 GB in fp32, more than the verifier held on
+# an H200 while it kept every trial's output copies and reference outputs too; since it keeps only
+# the latest trial's, 4096 may fit, not yet tried on a GPU)
 MANY_LONG_ROWS = {"rows": 1024, "cols": 393216}
 WIDE = {"rows": 4096, "cols": 8192}
 SMALL_ROWS = {"rows": 4, "cols": 64}
