@@ -230,9 +230,19 @@ def test_softmax_keeps_its_exp_and_multiplies_by_the_sums_reciprocal():
     assert plan.passes[1].after[-1] == "const float rcp0 = pw_div_fast(1.0f, v5);"
     assert "(v4 * rcp0)" in plan.epilogue.reusing.body[0] and not any("div" in line for line in plan.epilogue.body)
     assert plan.kept_words == 1
-    # fp32: the exp is kept, the division stays a division (correctly rounded, as eager's)
+    # fp32: the exp is kept and stays expf; the sum's reciprocal is correctly rounded (within an
+    # ulp of the division once multiplied), and so in the online plan
     wide = build_plan(case_task("softmax", f32))
-    assert wide.passes[1].keeps and not any("rcp" in line for p in wide.sweeps for line in p.after)
+    assert wide.passes[1].keeps and wide.passes[1].after[-1] == "const float rcp0 = (1.0f / v4);"
+    assert "(v3 * rcp0)" in wide.epilogue.reusing.body[0] and not any("/" in line for line in wide.epilogue.body)
+    assert any("pw_exp(" in line for line in wide.epilogue.body)
+    online = build_plan(case_task("softmax", f32), online=True)
+    assert any(line.endswith(" * rcp0);") for line in online.epilogue.body)
+    # a row's other divisors in fp32 stay divisions: 1 / x may overflow where x is subnormal
+    (task,) = traced_row_tasks(Fn(lambda x: x / x.norm(dim=-1, keepdim=True)), [_randn((8, 1000), f32, "cpu")])
+    norm = build_plan(_on_cuda(task))
+    assert not any("rcp" in line for p in norm.sweeps for line in p.after)
+    assert any(re.search(r"= \(a0 / v\d+\);", line) for line in norm.epilogue.body)
     # nothing costly is computed twice in log_softmax, layernorm or a sum
     for name in ("log_softmax", "layernorm", "sum_last"):
         assert build_plan(case_task(name, bf16)).kept_words == 0, name

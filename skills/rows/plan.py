@@ -452,9 +452,9 @@ class _Program:
         self.accumulators: dict[Node, str] = {}  # a max or min reduction -> its partial's accumulator
         self.finals: dict[int, list[str]] = {}  # level -> per-row lines finishing its reductions
         self.mean_of: dict[Node, Value] = {}  # var_mean -> its mean
-        self.reciprocals: dict[str, tuple[str, int, str]] = {}  # divisor -> (variable, level, its line)
+        self.reciprocals: dict[tuple[str, bool], tuple[str, int, str]] = {}  # (divisor, fast) -> (var, level, line)
         # A bf16 program computes in fp32 (softmax, cross-entropy); where every output is fp16/bf16
-        # the fast exp and division (few fp32 ulps, Triton's own forms) are hidden by that rounding
+        # the fast exp and division (few fp32 ulps: Triton's tl.exp and `/`) are hidden by that rounding
         # and keep an exp-heavy row from being bound by the accurate expf's instructions.
         self.low_precision_outputs = all(s.torch_dtype in (torch.float16, torch.bfloat16)
                                          for s in builder.task.outputs)
@@ -517,10 +517,9 @@ class _Program:
         info = operand_info(meta.dtype)  # an index made by a where (cross-entropy's masked target)
         expr = (self._one_plus_tanh(node, bound, args) or self._summed_exp(node, args)
                 or self._exp_below_max(node, args) or rule.render(args))
-        other = bound.get("other")
-        if (node.target is aten.div.Tensor and args.fast and bound.get("rounding_mode") is None
-                and isinstance(other, Node) and self.per_row[other] and not self.per_row[node]):
-            expr = f"({args['self']} * {self._reciprocal(args['other'], self.ready[other])})"
+        if self._by_reciprocal(node, bound, args):
+            other = bound["other"]
+            expr = f"({args['self']} * {self._reciprocal(args['other'], self.ready[other], args.fast)})"
         var = f"v{len(self.values)}"
         self.values[node] = Value(var, meta.dtype)
         self.statements[node] = [f"const {info.ctype} {var} = {expr};"]
@@ -543,8 +542,8 @@ class _Program:
         """exp(y - max(y)) in fp32 (or rounded to fp16/bf16) read only by sums over the row, in
         the fast form that flushes subnormal results (ops.pw_exp_fast_ftz): such a term is below
         2^-126 beside the max's own exp(0) = 1, and the sum of terms each within a few fp32 ulps
-        is within a few ulps, as Inductor's own fp32 sums of exp are (Triton writes every fp32
-        exp as ex2.approx of x * log2(e)). The max may be logsumexp's, with its infinities as a
+        is within a few ulps (Inductor's fp32 exp is libdevice's accurate one; the verifier's
+        float64 check bounds ours). The max may be logsumexp's, with its infinities as a
         constant (where(|m| == inf, 0, m): there every term is 0, or the sum inf, either way)."""
         if not _fast_sum_term(args) or not all(REDUCTIONS.get(u.target) == "sum" for u in node.users):
             return None
@@ -582,15 +581,28 @@ class _Program:
         self.ready[node] = level
         return True
 
-    def _reciprocal(self, divisor: str, level: int) -> str:
+    def _by_reciprocal(self, node: Node, bound: dict, args: OpArgs) -> bool:
+        """Whether `node` divides each element by a row's value through that value's reciprocal:
+        where the result is rounded to fp16/bf16, or, in fp32, where the divisor is a softmax's
+        sum (whose reciprocal is a normal number)."""
+        other = bound.get("other")
+        return (node.target is aten.div.Tensor and bound.get("rounding_mode") is None and isinstance(other, Node)
+                and self.per_row[other] and not self.per_row[node]
+                and (args.fast or args.dtype == torch.float32 and _sum_of_exp_below_max(other)))
+
+    def _reciprocal(self, divisor: str, level: int, fast: bool) -> str:
         """The variable holding 1 / `divisor` (a per-row value ready after pass `level`), once a
         row: an element divided by a row's value (softmax's sum) is multiplied by it instead,
-        one special-function instruction a row rather than one an element (a few fp32 ulps, as the
-        fast division, where every result is rounded to fp16/bf16)."""
-        if divisor not in self.reciprocals:
+        one special-function instruction a row rather than one an element: the fast division's
+        where every result is rounded to fp16/bf16 (a few fp32 ulps), else the correctly rounded
+        one, within an ulp of the division once multiplied (on an H200, 2026-11-27, an fp32
+        softmax's IEEE division an element cost 5-9% over 1024 rows of 393216)."""
+        key = (divisor, fast)
+        if key not in self.reciprocals:
             var = f"rcp{len(self.reciprocals)}"
-            self.reciprocals[divisor] = (var, level, f"const float {var} = pw_div_fast(1.0f, {divisor});")
-        return self.reciprocals[divisor][0]
+            value = f"pw_div_fast(1.0f, {divisor})" if fast else f"(1.0f / {divisor})"
+            self.reciprocals[key] = (var, level, f"const float {var} = {value};")
+        return self.reciprocals[key][0]
 
     def _render_reduction(self, node: Node) -> None:
         kind = REDUCTIONS[node.target]
@@ -808,6 +820,20 @@ def _exp_less_max(node: Node) -> tuple[Node, Node, bool] | None:
     if not (isinstance(c, Node) and c.target is aten.amax.default and c.args[0] is y):
         return None
     return y, c, guarded
+
+
+def _sum_of_exp_below_max(node: Node) -> bool:
+    """`node` is a sum of exp(y - amax(y)) over the row (softmax's denominator, seen through
+    views): at least 1 (the max's own term) and at most the row's length, or NaN, so its
+    reciprocal is a normal number and x * (1 / sum) is within an ulp of x / sum."""
+    while node.target in VIEWS:
+        node = node.args[0]
+        if not isinstance(node, Node):
+            return False
+    if REDUCTIONS.get(node.target) != "sum" or not isinstance(node.args[0], Node):
+        return False
+    found = _exp_less_max(node.args[0])
+    return found is not None and not found[2]
 
 
 def _finite_constant(value) -> bool:
