@@ -100,7 +100,7 @@ VARIANTS = {
 }
 
 
-GENERATED_THREADS = (512, 1024)  # "gen-t<threads>": skills/rows' persistent kernels of the same softmax
+GENERATED_THREADS = (256, 512, 1024)  # "gen-t<threads>": skills/rows' persistent kernels of the same softmax
 
 
 class Softmax(torch.nn.Module):

@@ -697,7 +697,7 @@ def test_launch_shapes_follow_the_row_length():
         "t256r1v8sg32o", "t256r1v8g16o", "t128r1v8g32o", "t256r1v8sg32"]
     # fewer rows than SMs, too many to split: a cluster each (fp32: 8 blocks of 192 KB), and more
     # than fit at once, so also persistent clusters holding them in registers ("P")
-    assert _tags(resized(case_task("softmax", f32), (64, 393216))) == ["t1024r1v4sc8o", "t1024r1v4c8Po", "t1024r1v4sc8"]
+    assert _tags(resized(case_task("softmax", f32), (64, 393216))) == ["t1024r1v4sc8o", "t512r1v4c8Po", "t1024r1v4sc8"]
     # a sum streams: few long rows are split over a grid, or a cluster; it writes a value a row,
     # so its first two shapes that give every SM a block are offered loading past L1 too ("n"):
     # none for one row of 393216 (64 blocks at most), the splits of 16 such rows or of a loss
@@ -945,24 +945,25 @@ def test_cluster_candidates_are_launch_specs_with_their_cluster(monkeypatch):
 
 def test_many_long_rows_are_offered_persistent_clusters():
     """KernelBench's softmax rows (393216), more of them than clusters fit at once: a row over a
-    persistent cluster of 8 blocks, held in registers, at the fewest threads holding at most 48
-    words a thread and at 1024; its source loops over rows by the clusters launched, loads the
-    next row's vector (the last row's own again: no branch) where it stores this row's, and keeps
+    persistent cluster of 8 blocks, held in registers, at the fewest threads holding at most 96
+    elements a thread within the registers a thread of one block an SM has (512 threads in both
+    dtypes; fp32's 1024 of 48 words spilled, bf16's 256 too); its source loops over rows by the
+    clusters launched, loads the next row's vector (the last row's own again: no branch) where it stores this row's, and keeps
     the cluster's partials in two slots by row parity; its program asks for a persistent launch.
     Few rows (16: split over a grid instead) and plans writing a value a row get none."""
-    for dtype, shapes in ((bf16, [(512, 48), (1024, 24)]), (f32, [(1024, 48)])):
+    for dtype, shapes in ((bf16, [(512, 48)]), (f32, [(512, 96)])):
         plan = build_plan(resized(case_task("softmax", dtype), (1024, 393216)), online=True)
         persistent = [c for c in launch_configs(plan) if c.persistent]
         assert [(c.threads, _words(plan, c)) for c in persistent] == shapes
         launch = persistent[-1]
         assert (launch.cluster, launch.storage) == (8, "registers")
-        assert tag(plan, launch) == f"t1024r1v{plan.vector_width}c8Po"
+        assert tag(plan, launch) == f"t512r1v{plan.vector_width}c8Po"
         source = kernel_source(plan, "k", launch)
         assert "for (idx_t row = (idx_t)blockIdx.x / 8; row < 1024; row += clusters, parity ^= 1) {" in source
         assert "const idx_t next_row = row + clusters < 1024 ? row + clusters : row;" in source
         assert re.search(r"\n +buf0\[e\] = \*reinterpret_cast<[^;]*a0_next \+ j0\);", source)
         assert re.search(r"cred0\[parity\] = acc\d+;", source) and "__shared__ float cred0[2];" in source
-        assert "MAIN_LAUNCH = (8192, (1024,), 0, 8, 0, True)" in model_source(plan, launch)
+        assert "MAIN_LAUNCH = (8192, (512,), 0, 8, 0, True)" in model_source(plan, launch)
     assert not any(c.persistent for c in launch_configs(build_plan(resized(case_task("softmax", bf16), (16, 393216)))))
     logsumexp = build_plan(resized(case_task("logsumexp", f32), (1024, 393216)))
     assert not any(c.persistent for c in launch_configs(logsumexp))

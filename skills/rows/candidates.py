@@ -30,7 +30,9 @@ SPLIT_REGISTER_WORDS = 96
 # kernel needs besides its slice (indices, partials, the epilogue's values).
 REGISTER_FILE, MAX_THREAD_REGISTERS, OTHER_REGISTERS = 64 * 1024, 255, 32
 MAX_BLOCK = 1024
-PERSISTENT_WORDS = 48  # registers a thread of a persistent cluster holds its part of the row in (_persistent_clusters)
+# The most elements of its row a thread of a persistent cluster holds (_persistent_clusters):
+# bf16 ones widen to fp32 as they are reduced, and at 192 a thread the kernel spilled.
+PERSISTENT_ELEMENTS = 96
 # A row held on chip at least this long is also offered prefetched (one block an SM): on an H200,
 # GroupNorm over 512 rows of 64 KB ran 1.16x faster so; softmax's rows of 16 KB fill an SM with
 # several blocks already, whose loads overlap one another's work.
@@ -193,17 +195,21 @@ def _persistent_clusters(plan: RowPlan) -> list[Launch]:
     """Rows too long for a block and too many for a cluster each at once (KernelBench's softmax
     over 4096 x 393216): a row over a cluster of MAX_CLUSTER blocks held in registers, the
     clusters persistent (Launch.persistent).
-    Offered at the fewest threads holding at most PERSISTENT_WORDS a thread, and at MAX_BLOCK.
+    Offered at the fewest threads holding at most PERSISTENT_ELEMENTS a thread, in what the
+    register file leaves each thread of a block an SM, less OTHER_REGISTERS: more elements a
+    thread spill, fewer leave fewer loads in flight.
     On an H200 (2026-11-27, benchmarks/results/persistent_probe-h200-...) a hand-written kernel
     of this structure ran at 85% of a copy's rate in bf16 (1.80x Inductor; 512 threads) and 88%
-    in fp32 (1.40x); in the suite over 1024 x 393216 the generated ones won 1.40x (bf16) and
-    1.17x (fp32), both at 1024 threads (suite-h200-...-twentyseventh-persistent.*)."""
+    in fp32 (1.40x). Over 1024 x 393216 the generated bf16 one ran 469 us at 512 threads, 573
+    at 256 (spilled) and 632 at 1024; the fp32 one, with the sum's reciprocal, 907 us at 512,
+    1017 at 256 and 1066 at 1024 (spilled; 955 dividing instead); over 4096 rows fp32 took
+    3525 us at 512 threads and 4145 at 1024 (persistent_gap-h200-...-twentyninth.txt)."""
     if plan.rows * MAX_CLUSTER <= TYPICAL_SM_COUNT:
         return []
     shapes = [Launch(t, 1, plan.vector_width, "registers", MAX_CLUSTER, persistent=True)
               for t in (MAX_BLOCK // 4, MAX_BLOCK // 2, MAX_BLOCK)]
-    shapes = [c for c in shapes if can_persist(plan, c) and _words(plan, c) <= PERSISTENT_WORDS]
-    return list(dict.fromkeys(shapes[:1] + shapes[-1:]))
+    return [c for c in shapes if can_persist(plan, c) and vectors_per_thread(plan, c) * c.width <= PERSISTENT_ELEMENTS
+            and _words(plan, c) <= REGISTER_FILE // c.threads - OTHER_REGISTERS][:1]
 
 
 def _prefetching(plan: RowPlan, held: list[Launch]) -> list[Launch]:
