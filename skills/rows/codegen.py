@@ -431,10 +431,18 @@ extern "C" __global__ void __launch_bounds__({self._bounds()}) {name}({", ".join
         body = (["const bool row_ok = true;"] + self._unheld_bases()
                 + [f"const idx_t next_row = row + clusters < {rows} ? row + clusters : row;"]
                 + self._next_bases() + self._row_work([]))
+        return self._cluster_rows(self._register_buffers() + first, body)
+
+    def _cluster_rows(self, setup: list[str], body: list[str], counter: str | None = None) -> list[str]:
+        """A persistent cluster's kernel: `setup`, then `body` for each of rows blockIdx.x /
+        cluster, + the clusters launched, ..., the cluster's partials alternating between two
+        slots by row parity (and `counter`, if named, counting the rows taken)."""
+        step = "row += clusters, parity ^= 1" + (f", ++{counter}" if counter else "")
         return (["const int t = threadIdx.x;", "const int slot = 0;"] + self._cluster_slice()
-                + [f"const idx_t clusters = gridDim.x / {self.C};"] + self._register_buffers() + first
-                + ["int parity = 0;  // which of two slots the cluster's partials of this row go to",
-                   f"for (idx_t row = (idx_t)blockIdx.x / {self.C}; row < {rows}; row += clusters, parity ^= 1) {{"]
+                + [f"const idx_t clusters = gridDim.x / {self.C};"] + setup
+                + ["int parity = 0;  // which of two slots the cluster's partials of this row go to"]
+                + ([f"int {counter} = 0;  // rows this cluster has taken"] if counter else [])
+                + [f"for (idx_t row = (idx_t)blockIdx.x / {self.C}; row < {self.plan.rows}; {step}) {{"]
                 + _indent_lines(body) + ["}"])
 
     def _staged_rows(self) -> list[str]:
@@ -467,16 +475,10 @@ extern "C" __global__ void __launch_bounds__({self._bounds()}) {name}({", ".join
                  f"buf{k}[e] = stage{k}[(use % {STAGES}) * {sv} + e * {self.T} + t];",
                  "__syncthreads();  // every thread has read the stage before it is refilled"] + refill)
         body = ["const bool row_ok = true;"] + self._unheld_bases() + take + self._row_work([])
-        return (["const int t = threadIdx.x;", "const int slot = 0;"] + self._cluster_slice()
-                + [f"const idx_t clusters = gridDim.x / {self.C};",
-                   "extern __shared__ __align__(16) unsigned char rows_smem[];",
-                   f"{kind}* stage{k} = reinterpret_cast<{kind}*>(rows_smem);",
-                   f"__shared__ unsigned long long stage_bar[{STAGES}];"] + self._register_buffers() + start
-                + ["int parity = 0;  // which of two slots the cluster's partials of this row go to",
-                   "int use = 0;  // rows this cluster has taken",
-                   f"for (idx_t row = (idx_t)blockIdx.x / {self.C}; row < {rows}; "
-                   "row += clusters, parity ^= 1, ++use) {"]
-                + _indent_lines(body) + ["}"])
+        stages = ["extern __shared__ __align__(16) unsigned char rows_smem[];",
+                  f"{kind}* stage{k} = reinterpret_cast<{kind}*>(rows_smem);",
+                  f"__shared__ unsigned long long stage_bar[{STAGES}];"]
+        return self._cluster_rows(stages + self._register_buffers() + start, body, counter="use")
 
     def _unheld_bases(self) -> list[str]:
         """_bases but the held inputs', whose vectors a persistent cluster's row already has."""

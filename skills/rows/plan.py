@@ -810,9 +810,7 @@ def _exp_less_max(node: Node) -> tuple[Node, Node, bool] | None:
     sub = node.args[0]
     if not isinstance(sub, Node) or sub.target is not aten.sub.Tensor or bind_arguments(sub).get("alpha", 1) != 1:
         return None
-    y, c = sub.args[:2]
-    while isinstance(c, Node) and c.target in VIEWS:
-        c = c.args[0]
+    y, c = sub.args[0], _through_views(sub.args[1])
     guarded = (isinstance(c, Node) and c.target is aten.where.self and _tests_infinite(c.args[0], c.args[2])
                and _finite_constant(c.args[1]))
     if guarded:
@@ -826,14 +824,18 @@ def _sum_of_exp_below_max(node: Node) -> bool:
     """`node` is a sum of exp(y - amax(y)) over the row (softmax's denominator, seen through
     views): at least 1 (the max's own term) and at most the row's length, or NaN, so its
     reciprocal is a normal number and x * (1 / sum) is within about an ulp of the quotient."""
-    while node.target in VIEWS:
-        node = node.args[0]
-        if not isinstance(node, Node):
-            return False
-    if REDUCTIONS.get(node.target) != "sum" or not isinstance(node.args[0], Node):
+    node = _through_views(node)
+    if not isinstance(node, Node) or REDUCTIONS.get(node.target) != "sum" or not isinstance(node.args[0], Node):
         return False
     found = _exp_less_max(node.args[0])
     return found is not None and not found[2]
+
+
+def _through_views(value):
+    """`value`, or what the views it is (a chain of them) are of."""
+    while isinstance(value, Node) and value.target in VIEWS:
+        value = value.args[0]
+    return value
 
 
 def _finite_constant(value) -> bool:
