@@ -334,3 +334,20 @@ def test_torch_compile_overhead_is_no_false_speedup(env, name, task, candidate):
 def test_candidate_that_caches_only_once_timing_starts_is_caught_after_timing(env):
     ev = env.evaluate(TASK, CACHES_ONCE_TIMED, profile=True)
     assert ev.status in ("rejected", "incorrect") and ev.reason.startswith("after timing: "), ev.reason
+
+
+# ----------------------------------------------------------------------------- memory
+
+def test_an_idle_worker_gives_back_what_a_big_task_left_cached(env):
+    """After a task of 1 GiB tensors (its trials take several GiB), the idle worker holds little
+    more of the device than before: one that kept its allocator's cache (105-120 GB of an H200
+    after softmax over 4096 x 393216 fp32) ran the user's process out of memory."""
+    import torch
+
+    from agent_backend.env.worker import CACHE_KEPT_BYTES
+
+    free_before, _ = torch.cuda.mem_get_info()
+    ev = evaluate(env, GOOD_TORCH, add_relu_task("cuda", shape=(16384, 16384)))
+    assert ev.status == "passed", ev.reason
+    free_after, _ = torch.cuda.mem_get_info()
+    assert free_before - free_after < CACHE_KEPT_BYTES + (256 << 20), (free_before - free_after) / 2**30
