@@ -64,15 +64,20 @@ class Mix:
 
 def kernel_mix(candidate, task: Task, arch: str, workdir: Path) -> Mix:
     """The opcode counts of a candidate program's main kernel (MAIN_SOURCE) built for `arch`."""
-    source = candidate.source
+    registers, sass = kernel_sass(candidate, arch, workdir)
+    return Mix(candidate.origin, registers, Counter(_OPCODE.findall(sass)), _elements_a_thread(candidate, task))
+
+
+def kernel_sass(candidate, arch: str, workdir: Path) -> tuple[int, str]:
+    """A candidate program's main kernel (MAIN_SOURCE) built for `arch`: its registers and SASS."""
     path = workdir / "kernel.cu"
-    path.write_text(re.search(r"MAIN_SOURCE = r\'\'\'(.*?)\'\'\'", source, re.S).group(1))
+    path.write_text(re.search(r"MAIN_SOURCE = r\'\'\'(.*?)\'\'\'", candidate.source, re.S).group(1))
     built = subprocess.run(["nvcc", f"-arch={arch}", "-cubin", "-Xptxas", "-v", "-o", str(path.with_suffix(".cubin")),
                             str(path)], capture_output=True, text=True, check=True)
     registers = int(re.search(r"Used (\d+) registers", built.stderr).group(1))
     sass = subprocess.run([nvdisasm(), str(path.with_suffix(".cubin"))], capture_output=True, text=True,
                           check=True).stdout
-    return Mix(candidate.origin, registers, Counter(_OPCODE.findall(sass)), _elements_a_thread(candidate, task))
+    return registers, sass
 
 
 def _elements_a_thread(candidate, task: Task) -> float:

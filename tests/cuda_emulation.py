@@ -19,7 +19,7 @@ from agent_backend.specs import TensorSpec
 from skills.pointwise.codegen import CONVERSIONS
 from skills.pointwise.dtypes import dtype_info, operand_info
 from skills.pointwise.ops import _FAST, NAN_MIN_MAX
-from skills.rows.codegen import PREFETCH_FUNCTION, STAGE_FUNCTIONS, STREAM_LOAD_FUNCTION
+from skills.rows.codegen import CLUSTER_SYNC_FUNCTION, PREFETCH_FUNCTION, STAGE_FUNCTIONS, STREAM_LOAD_FUNCTION
 
 EMULATOR = Path(__file__).with_name("cuda_emulator")
 
@@ -81,6 +81,11 @@ inline void rows_stage_wait(unsigned long long* bar, unsigned parity) {
   }
 }
 """
+# codegen.CLUSTER_SYNC_FUNCTION: the emulator's cluster barrier (its threads' memory is one, ordered
+# by the barrier).
+_EMULATED_CLUSTER_SYNC = r"""
+inline void rows_cluster_sync() { cooperative_groups::this_cluster().sync(); }
+"""
 # codegen.STREAM_LOAD_FUNCTION: a plain load (where the line goes is the GPU's business).
 _EMULATED_STREAM_LOAD = r"""
 template <typename T> inline T rows_ld_stream(const T* p) { return *p; }
@@ -110,7 +115,7 @@ def emulated_source(source: str) -> str:
     assert CONVERSIONS in source and _FAST in source
     source = source.replace(CONVERSIONS, _EMULATED_CONVERSIONS).replace(_FAST, _EMULATED_FAST).replace(NAN_MIN_MAX, "")
     source = source.replace(PREFETCH_FUNCTION, _EMULATED_PREFETCH).replace(STREAM_LOAD_FUNCTION, _EMULATED_STREAM_LOAD)
-    source = source.replace(STAGE_FUNCTIONS, _EMULATED_STAGE)
+    source = source.replace(STAGE_FUNCTIONS, _EMULATED_STAGE).replace(CLUSTER_SYNC_FUNCTION, _EMULATED_CLUSTER_SYNC)
     source = source.replace("#include <cooperative_groups.h>\n", "")
     source = re.sub(r"extern __shared__ __align__\(16\) unsigned char (\w+)\[\];",
                     r"unsigned char* \1 = emu::dynamic_shared();", source)

@@ -7,7 +7,7 @@ import shutil
 import pytest
 import torch
 
-from benchmarks.sass_mix import kernel_mix, main, nvdisasm
+from benchmarks.sass_mix import kernel_mix, kernel_sass, main, nvdisasm
 from skills.rows import propose
 from test_rows_template import case_task, resized
 
@@ -27,6 +27,20 @@ def test_a_bf16_log_softmax_element_is_one_exp_and_one_max(rows_of, tmp_path):
         assert elements == rows_of / candidate.params["threads"]
         assert mix.opcodes["MUFU"] >= elements and mix.opcodes["FMNMX"] >= elements, candidate.origin
         assert mix.opcodes["FSETP"] + mix.opcodes["FSEL"] < elements / 2, candidate.origin
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_a_persistent_clusters_row_barrier_waits_for_no_global_memory(dtype, tmp_path):
+    """Between a persistent cluster's rows, the barrier after which its blocks read each other's
+    partials releases only shared memory: the one MEMBAR.ALL.GPU left is the kernel's last barrier.
+    The row loop's, which waited for every store and load each thread had in flight, cost a bf16
+    softmax over 1024 x 393216 6% on an H200 (2026-11-27)."""
+    task = resized(case_task("softmax", dtype), (64, 393216))
+    persistent = [c for c in propose(task) if c.params["persistent"]]
+    assert persistent
+    for candidate in persistent:
+        _, sass = kernel_sass(candidate, "sm_90", tmp_path)
+        assert sass.count("MEMBAR.ALL.GPU") == 1 and sass.count("UCGABAR_ARV") == 2, candidate.origin
 
 
 def test_the_command_names_a_problem_it_does_not_know():
