@@ -1,10 +1,10 @@
 """Softmax over many long rows (KernelBench level 1's 4096 x 393216), hand-written kernels of
-benchmarks/rows_persistent.cu and the backend's own ("gen-t<threads>", "gen-t512-staged") against Inductor and
+benchmarks/rows_persistent.cu and the backend's own ("gen-t<threads>") against Inductor and
 torch's copy of the tensor (triton.testing.do_bench, the least of 3 interleaved rounds): a row
 over a cluster of C blocks, NCL clusters launched (persistent: they loop over the rows; n4096:
 one cluster a row; fit: as many as fit at once), held in registers with the next row loaded as
 this one is stored ("hold"), staged in shared memory by bulk copies a row or two ahead
-("staged": not yet run on a GPU), or read twice, the second time from L2 ("l2"), and a copy on
+("staged"), or read twice, the second time from L2 ("l2"), and a copy on
 the same grid ("pcopy"). What set skills/rows/candidates' persistent clusters (on an H200,
 2026-11-27: benchmarks/results/persistent_probe-h200-torch2.11-2026-11-27-twentyseventh.txt).
 
@@ -108,13 +108,13 @@ class Softmax(torch.nn.Module):
         return torch.softmax(x, -1)
 
 
-def generated(x: torch.Tensor, threads: int, staged: bool = False):
+def generated(x: torch.Tensor, threads: int):
     """The backend's own candidate for softmax(x) (traced as the backend traces it): the online
-    plan at `threads` a block, a persistent cluster of MAX_CLUSTER blocks a row (its rows staged
-    in shared memory, if `staged`), as a program's ModelNew (launch spec, fallback kernel and all)."""
+    plan at `threads` a block, a persistent cluster of MAX_CLUSTER blocks a row, as a program's
+    ModelNew (launch spec, fallback kernel and all)."""
     (task,) = tasks_of(trace_tasks(Softmax(), [x], backward=False, min_ops=1))
     plan = build_plan(task, online=True)
-    launch = Launch(threads, 1, plan.vector_width, "registers", MAX_CLUSTER, persistent=True, staged=staged)
+    launch = Launch(threads, 1, plan.vector_width, "registers", MAX_CLUSTER, persistent=True)
     return load_program(model_source(plan, launch), f"gen-t{threads}")["ModelNew"]()
 
 
@@ -125,8 +125,6 @@ def contenders(dtype: str, x: torch.Tensor, only: str) -> dict:
     makers = {label: (lambda p=params: variant(dtype, rows=x.shape[0], **p))
               for label, params in VARIANTS[dtype].items()}
     makers |= {f"gen-t{t}": (lambda t=t: generated(x, t)) for t in GENERATED_THREADS}
-    if dtype == "bf16":  # two rows' slices fit in shared memory (fp32's do not)
-        makers["gen-t512-staged"] = lambda: generated(x, 512, staged=True)
     fns = {}
     for label, make in makers.items():
         if not any(part in label for part in only.split(",")):

@@ -19,7 +19,7 @@ from agent_backend.specs import TensorSpec
 from skills.pointwise.codegen import CONVERSIONS
 from skills.pointwise.dtypes import dtype_info, operand_info
 from skills.pointwise.ops import _FAST, NAN_MIN_MAX
-from skills.rows.codegen import CLUSTER_SYNC_FUNCTION, PREFETCH_FUNCTION, STAGE_FUNCTIONS, STREAM_LOAD_FUNCTION
+from skills.rows.codegen import CLUSTER_SYNC_FUNCTION, PREFETCH_FUNCTION, STREAM_LOAD_FUNCTION
 
 EMULATOR = Path(__file__).with_name("cuda_emulator")
 
@@ -61,26 +61,6 @@ inline void rows_prefetch16(void* to, const void* from) { std::memcpy(to, from, 
 inline void rows_prefetch_commit() {}
 inline void rows_prefetch_wait() {}
 """
-# codegen.STAGE_FUNCTIONS: an mbarrier as a count of completed phases. The bulk copy is done at once
-# and completes its phase; a wait spins until the phase of its parity has completed (a wait on the
-# wrong parity, or for a copy never started, hangs: after 10 s it aborts instead).
-_EMULATED_STAGE = r"""
-#include <chrono>
-#include <cstdlib>
-#include <thread>
-inline void rows_stage_init(unsigned long long* bar) { __atomic_store_n(bar, 0ull, __ATOMIC_SEQ_CST); }
-inline void rows_stage(void* to, const void* from, unsigned bytes, unsigned long long* bar) {
-  std::memcpy(to, from, bytes);
-  __atomic_add_fetch(bar, 1ull, __ATOMIC_SEQ_CST);
-}
-inline void rows_stage_wait(unsigned long long* bar, unsigned parity) {
-  const auto start = std::chrono::steady_clock::now();
-  while ((__atomic_load_n(bar, __ATOMIC_SEQ_CST) & 1u) == parity) {
-    if (std::chrono::steady_clock::now() - start > std::chrono::seconds(10)) std::abort();
-    std::this_thread::yield();
-  }
-}
-"""
 # codegen.CLUSTER_SYNC_FUNCTION: the emulator's cluster barrier (its threads' memory is one, ordered
 # by the barrier).
 _EMULATED_CLUSTER_SYNC = r"""
@@ -115,12 +95,12 @@ def emulated_source(source: str) -> str:
     assert CONVERSIONS in source and _FAST in source
     source = source.replace(CONVERSIONS, _EMULATED_CONVERSIONS).replace(_FAST, _EMULATED_FAST).replace(NAN_MIN_MAX, "")
     source = source.replace(PREFETCH_FUNCTION, _EMULATED_PREFETCH).replace(STREAM_LOAD_FUNCTION, _EMULATED_STREAM_LOAD)
-    source = source.replace(STAGE_FUNCTIONS, _EMULATED_STAGE).replace(CLUSTER_SYNC_FUNCTION, _EMULATED_CLUSTER_SYNC)
+    source = source.replace(CLUSTER_SYNC_FUNCTION, _EMULATED_CLUSTER_SYNC)
     source = source.replace("#include <cooperative_groups.h>\n", "")
     source = re.sub(r"extern __shared__ __align__\(16\) unsigned char (\w+)\[\];",
                     r"unsigned char* \1 = emu::dynamic_shared();", source)
     ids = itertools.count()
-    source = re.sub(r"__shared__ ((?:unsigned long )?\w+) (\w+)((?:\[\d+\])*);",
+    source = re.sub(r"__shared__ (\w+) (\w+)((?:\[\d+\])*);",
                     lambda m: f"auto& {m[2]} = *emu::shared<{m[1]}{m[3]}>({next(ids)});", source)
     assert "__shared__" not in source and "asm(" not in source and "asm volatile(" not in source
     return '#include "emulator.h"\n' + source

@@ -145,10 +145,6 @@ LONG = {
                                    Launch(32, 1, 1, "registers", 8, persistent=True)),
     "persistent_layernorm": (lambda: resized(case_task("layernorm", f32), (3, 3000), (3000,), (3000,)),
                              Launch(32, 1, 4, "registers", 8, persistent=True)),
-    # staged in shared memory by bulk copies two rows ahead: each cluster's stages refilled past
-    # the rows' end, and one cluster's three rows (a stage's second phase)
-    "staged_layernorm": (lambda: resized(case_task("layernorm", f32), (5, 4096), (4096,), (4096,)),
-                         Launch(32, 1, 4, "registers", 8, persistent=True, staged=True)),
     "shared_cluster_unequal_slices": (lambda: resized(case_task("softmax", f16), (2, 4097)),
                                       Launch(64, 1, 1, "shared", 4)),
     "layernorm_cluster": (lambda: resized(case_task("layernorm", f32), (2, 3000), (3000,), (3000,)),
@@ -213,8 +209,6 @@ ONLINE = {
     "shared_cluster_softmax": (lambda: resized(case_task("softmax", f16), (2, 4097)), Launch(64, 1, 1, "shared", 4)),
     "persistent_softmax": (lambda: resized(case_task("softmax", bf16), (9, 2000)),
                            Launch(32, 1, 8, "registers", 4, persistent=True)),
-    "staged_softmax": (lambda: resized(case_task("softmax", bf16), (9, 2048)),
-                       Launch(32, 1, 8, "registers", 4, persistent=True, staged=True)),
 }
 
 

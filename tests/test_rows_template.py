@@ -27,8 +27,8 @@ from agent_backend.task import load_program
 from helpers import launch_spec_of
 from skills.rows import propose, supports
 from skills.rows.candidates import NO_L1_SHAPES, _fits_registers, _words, launch_configs, model_source, tag
-from skills.rows.codegen import (Launch, can_persist, can_stage, grid_blocks, kernel_source, lanes_fit,
-                                 shared_bytes, streamed_access, workspace_bytes)
+from skills.rows.codegen import (Launch, grid_blocks, kernel_source, lanes_fit, shared_bytes, streamed_access,
+                                 workspace_bytes)
 from skills.rows.plan import build_plan
 from skills.rows.placement import refine, runs
 
@@ -829,8 +829,8 @@ def _nvcc() -> str | None:
 def _kernel_sources() -> dict[str, str]:
     """Every kernel (main and fallback) the candidates of a dozen tasks carry, over fp32/bf16/fp16,
     short and long rows, clusters, rows split over a grid and rows strided in memory, scans, loads
-    past L1 of each width; the first candidate's kernel of every other case; one with 64-bit
-    indexing and a staged persistent one."""
+    past L1 of each width; the first candidate's kernel of every other case; and one with 64-bit
+    indexing."""
     every = {
         "softmax_bf16": case_task("softmax", bf16), "softmax_fp16": case_task("softmax", f16),
         "logsumexp_fp32": case_task("logsumexp", f32), "var_bf16": case_task("var_last", bf16),
@@ -865,8 +865,6 @@ def _kernel_sources() -> dict[str, str]:
     plan = build_plan(resized(case_task("softmax", bf16), (2**17, 16384)))
     assert plan.wide_index
     sources["wide_index"] = kernel_source(plan, "k", Launch(1024, 1, 8))
-    many = build_plan(resized(case_task("softmax", bf16), (1024, 393216)), online=True)  # not offered staged
-    sources["staged"] = kernel_source(many, "k", Launch(512, 1, 8, "registers", 8, persistent=True, staged=True))
     return sources
 
 
@@ -957,7 +955,7 @@ def test_many_long_rows_are_offered_persistent_clusters():
     Few rows (16: split over a grid instead) and plans writing a value a row get none."""
     for dtype, shapes in ((bf16, [(512, 48)]), (f32, [(512, 96)])):
         plan = build_plan(resized(case_task("softmax", dtype), (1024, 393216)), online=True)
-        persistent = [c for c in launch_configs(plan) if c.persistent and not c.staged]
+        persistent = [c for c in launch_configs(plan) if c.persistent]
         assert [(c.threads, _words(plan, c)) for c in persistent] == shapes
         launch = persistent[-1]
         assert (launch.cluster, launch.storage) == (8, "registers")
@@ -973,40 +971,6 @@ def test_many_long_rows_are_offered_persistent_clusters():
     assert not any(c.persistent for c in launch_configs(logsumexp))
     with pytest.raises(ValueError, match="persistent cluster"):
         kernel_source(plan, "k", Launch(1024, 1, 4, "shared", 8, persistent=True))
-
-
-def test_staged_clusters_take_rows_from_shared_memory_two_ahead(monkeypatch):
-    """A staged persistent cluster ("B", two rows' slices in shared memory: bf16 over 1024 x
-    393216, 2 x 96 KB a block): thread 0 starts a bulk copy of each of the cluster's first two
-    rows, and of the row two on once every thread has read a stage; a row waits on its stage's
-    phase by the parity of its use. The fallback (unaligned inputs) loads by threads. Not
-    offered (it ran slower on an H200). Rows whose slices are not whole vectors shared evenly by
-    the threads, and plans holding two inputs, cannot be staged."""
-    plan = build_plan(resized(case_task("softmax", bf16), (1024, 393216)), online=True)
-    assert not any(c.staged for c in launch_configs(plan))
-    staged = Launch(512, 1, 8, "registers", 8, persistent=True, staged=True)
-    assert tag(plan, staged) == "t512r1v8c8PBo" and shared_bytes(plan, staged) == 2 * 96 * 1024
-    source = kernel_source(plan, "k", staged)
-    assert source.count("rows_stage(") == 3  # the function, the first two rows, the refill
-    assert "rows_stage_wait(&stage_bar[use % 2], (unsigned)(use / 2) % 2);" in source
-    read = "for (int e = 0; e < 12; ++e) buf0[e] = stage0[(use % 2) * 6144 + e * 512 + t];"
-    refill = "  rows_stage(stage0 + (use % 2) * 6144, in0 + a0_ahead + slice0 * 8, 98304u, &stage_bar[use % 2]);"
-    lines = source.splitlines()
-    at = [i for i, line in enumerate(lines) if line.strip() == read.strip()]
-    assert len(at) == 1 and "__syncthreads();" in lines[at[0] + 1]
-    assert lines[at[0] + 2].strip() == "if (t == 0 && row + 2 * clusters < 1024) {"
-    assert lines[at[0] + 6].strip() == refill.strip()
-    assert not re.search(r"buf0\[e\] = \*", source)  # no thread loads the row from global memory
-    spec = launch_spec_of(model_source(plan, staged), monkeypatch)
-    assert spec.kernels[0].shared_mem == 2 * 96 * 1024 and spec.kernels[0].persistent
-    assert b"rows_stage" not in spec.kernels[1].cubin and spec.kernels[1].shared_mem == 0  # the source, in this test
-    unequal = build_plan(resized(case_task("softmax", bf16), (1024, 393224)), online=True)
-    assert not can_stage(unequal, Launch(512, 1, 8, "registers", 8, persistent=True))
-    pair = [_randn((8, 1000), bf16, "cpu"), _randn((8, 1000), bf16, "cpu", seed=1)]
-    (task,) = traced_row_tasks(Fn(lambda x, y: torch.softmax(x + y, -1)), pair)
-    two = build_plan(resized(_on_cuda(task), (1024, 65536), (1024, 65536)), online=True)
-    launch = Launch(512, 1, 8, "registers", 8, persistent=True)
-    assert two.stored == (0, 1) and can_persist(two, launch) and not can_stage(two, launch)
 
 
 def test_a_cluster_block_is_a_warp_or_more():

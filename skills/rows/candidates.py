@@ -203,13 +203,14 @@ def _persistent_clusters(plan: RowPlan) -> list[Launch]:
     in fp32 (1.40x). Over 1024 x 393216 the generated bf16 one ran 469 us at 512 threads, 573
     at 256 (spilled) and 632 at 1024; the fp32 one, with the sum's reciprocal, 907 us at 512,
     1017 at 256 and 1066 at 1024 (spilled; 955 dividing instead); over 4096 rows fp32 took
-    3525 us at 512 threads and 4145 at 1024 (persistent_gap-h200-...-twentyninth.txt)."""
+    3525 us at 512 threads and 4145 at 1024 (persistent_gap-h200-...-twentyninth.txt). With the
+    row barrier releasing shared memory only (codegen.CLUSTER_SYNC_FUNCTION), 1024 rows at 512
+    threads took bf16 443 us and fp32 887, 86% of a copy each, ahead of the hand-written kernels
+    that stage rows in shared memory by bulk copies (bf16 447; persistent_gap-h200-...-thirtieth)."""
     if plan.rows * MAX_CLUSTER <= TYPICAL_SM_COUNT:
         return []
     shapes = [Launch(t, 1, plan.vector_width, "registers", MAX_CLUSTER, persistent=True)
               for t in (MAX_BLOCK // 4, MAX_BLOCK // 2, MAX_BLOCK)]
-    # not offered staged (Launch.staged): on an H200 the generated staged bf16 kernel took 608 us
-    # over 1024 x 393216 against 469 for this one (a hand-written staged kernel: 446)
     return [c for c in shapes if can_persist(plan, c) and vectors_per_thread(plan, c) * c.width <= PERSISTENT_ELEMENTS
             and _words(plan, c) <= REGISTER_FILE // c.threads - OTHER_REGISTERS][:1]
 
@@ -315,7 +316,7 @@ def tag(plan: RowPlan, launch: Launch) -> str:
     return (f"t{launch.threads}r{launch.rows}v{launch.width}"
             + ("s" if launch.storage == "shared" and plan.stored else "")
             + (f"c{launch.cluster}" if launch.cluster > 1 else "") + (f"g{launch.split}" if launch.split > 1 else "")
-            + ("p" if launch.prefetch else "") + ("P" if launch.persistent else "") + ("B" if launch.staged else "")
+            + ("p" if launch.prefetch else "") + ("P" if launch.persistent else "")
             + ("n" if launch.no_l1 else "") + ("o" if plan.online else ""))
 
 
@@ -323,7 +324,6 @@ def propose_candidates(plan: RowPlan) -> list[Candidate]:
     return [Candidate(model_source(plan, c), f"builtin:rows:{tag(plan, c)}",
                       {"threads": c.threads, "rows": c.rows, "vector_width": c.width, "storage": c.storage,
                        "cluster": c.cluster, "split": c.split, "no_l1": c.no_l1, "persistent": c.persistent,
-                       "staged": c.staged,
                        "along_rows": plan.along_rows})
             for c in launch_configs(plan)]
 
@@ -382,8 +382,7 @@ def model_source(plan: RowPlan, launch: Launch) -> str:
     name = f"rows_{tag(plan, launch)}"
     # one element an access; across rows, a thread's rows spread over more blocks, so the split
     # shrinks as much (a cooperative grid must fit on the GPU at once)
-    scalar = dataclasses.replace(launch, width=1, split=max(1, launch.split // lanes(plan, launch)), prefetch=False,
-                                 staged=False)
+    scalar = dataclasses.replace(launch, width=1, split=max(1, launch.split // lanes(plan, launch)), prefetch=False)
     fallback = kernel_source(plan, name, scalar) if launch.width > 1 else None
     alignment = [1] * len(plan.inputs)
     for k, a in enumerate(plan.accesses):

@@ -110,32 +110,6 @@ __device__ __forceinline__ void rows_cluster_sync() {
 #endif
 }
 """
-# A staged persistent cluster's rows (Launch.staged): thread 0 starts one bulk copy of a row's
-# slice into shared memory (the copy engine: no thread issues its loads), completing the phase of
-# an mbarrier every thread then waits on; a wait that never completes traps rather than hangs.
-STAGE_FUNCTIONS = """
-__device__ __forceinline__ void rows_stage_init(unsigned long long* bar) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" :: "r"((unsigned)__cvta_generic_to_shared(bar)) : "memory");
-  asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-}
-__device__ __forceinline__ void rows_stage(void* to, const void* from, unsigned bytes, unsigned long long* bar) {
-  const unsigned b = (unsigned)__cvta_generic_to_shared(bar);
-  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // the block's reads of `to` come first
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" :: "r"(b), "r"(bytes) : "memory");
-  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
-               :: "r"((unsigned)__cvta_generic_to_shared(to)), "l"(from), "r"(bytes), "r"(b) : "memory");
-}
-__device__ __forceinline__ void rows_stage_wait(unsigned long long* bar, unsigned parity) {
-  unsigned done = 0;
-  for (long long spins = 0; !done; ++spins) {
-    asm volatile("{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2; selp.u32 %0, 1, 0, p; }"
-                 : "=r"(done) : "r"((unsigned)__cvta_generic_to_shared(bar)), "r"(parity) : "memory");
-    if (spins > (1LL << 26)) __trap();
-  }
-}
-"""
-# Rows a staged cluster's shared memory holds at once (the one it works on and the next ones).
-STAGES = 2
 # An input element that no other row reads gains nothing from L1, and with a row's loads all
 # issued at once, lines allocated there for them limit how many are in flight. Not volatile: the
 # inputs do not change while the kernel runs, and volatile loads kept the compiler from scheduling
@@ -173,7 +147,6 @@ class Launch:
     prefetch: bool = False  # one block an SM, looping over rows, loading the next into shared memory meanwhile
     no_l1: bool = False     # streamed inputs loaded without a place in L1 (streamed_access, STREAM_LOAD_FUNCTION)
     persistent: bool = False  # clusters looping over rows, each storing a row while loading the next (can_persist)
-    staged: bool = False    # persistent, its rows brought into shared memory by bulk copies, STAGES ahead (can_stage)
 
     @property
     def block(self) -> int:
@@ -228,10 +201,7 @@ def workspace_bytes(plan: RowPlan, launch: Launch) -> int:
 
 def shared_bytes(plan: RowPlan, launch: Launch) -> int:
     """Dynamic shared memory the kernel needs (the on-chip copy of its rows, when shared; the
-    next row's, when prefetched; STAGES rows' slices, when staged)."""
-    if launch.staged:
-        return STAGES * sum(_round16(slice_vectors(plan, launch) * buffer_bytes(plan, k, launch.width))
-                            for k in plan.stored)
+    next row's, when prefetched)."""
     if launch.storage != "shared" and not launch.prefetch:
         return 0
     return sum(_round16(vectors_per_thread(plan, launch) * launch.block * buffer_bytes(plan, k, launch.width))
@@ -260,20 +230,6 @@ def can_persist(plan: RowPlan, launch: Launch) -> bool:
     are launched (KernelLaunch.persistent), each taking rows blockIdx.x / cluster, + clusters, ..."""
     return (plan.along_rows and bool(plan.stored) and not plan.scan and launch.rows == 1 and launch.cluster > 1
             and launch.storage == "registers" and any(not o.per_row for o in plan.outputs))
-
-
-def can_stage(plan: RowPlan, launch: Launch) -> bool:
-    """Whether a persistent `launch` may stage its rows (Launch.staged): one held input, read in
-    16-byte vectors (a bulk copy's alignment and size unit) along a contiguous row, each block's
-    slice whole vectors that its threads share evenly."""
-    if not can_persist(plan, launch) or len(plan.stored) != 1:
-        return False
-    (k,) = plan.stored
-    a = plan.accesses[k]
-    contiguous = tuple(math.prod(plan.inner[d + 1:]) for d in range(len(plan.inner)))
-    sv = slice_vectors(plan, launch)
-    return (buffer_bytes(plan, k, launch.width) == 16 and a.inner == contiguous
-            and sv * launch.cluster * launch.width == plan.row_length and sv % launch.threads == 0)
 
 
 def kernel_source(plan: RowPlan, name: str, launch: Launch) -> str:
@@ -343,8 +299,6 @@ class _Writer:
             raise ValueError("a prefetching block holds one row along it in registers, 16-byte vectors")
         if launch.persistent and not can_persist(plan, launch):
             raise ValueError("a persistent cluster holds a row along it in registers and stores its every element")
-        if launch.staged and not (launch.persistent and can_stage(plan, launch)):
-            raise ValueError("a staged cluster is persistent, its one held input in whole 16-byte vectors a thread")
         self.plan, self.launch = plan, launch
         self.T, self.R, self.C, self.S = launch.threads, launch.rows, launch.cluster, launch.split
         self.V, self.L = along_width(plan, launch), lanes(plan, launch)
@@ -369,8 +323,6 @@ class _Writer:
                   + (["unsigned char* ws"] if workspace_bytes(plan, self.launch) else []))
         if self.launch.prefetch:
             lines = self._prefetching_rows()
-        elif self.launch.staged:
-            lines = self._staged_rows()
         elif self.launch.persistent:
             lines = self._persistent_rows()
         else:
@@ -380,7 +332,6 @@ class _Writer:
         lines = _drop_unused(lines, ["t", "slot"])
         include = "#include <cooperative_groups.h>\nnamespace cg = cooperative_groups;\n" if self.B > 1 else ""
         helpers = "".join(text for text, used in ((PREFETCH_FUNCTION, self.launch.prefetch),
-                                                  (STAGE_FUNCTIONS, self.launch.staged),
                                                   (CLUSTER_SYNC_FUNCTION, self.C > 1),
                                                   (STREAM_LOAD_FUNCTION, self.launch.no_l1),
                                                   (ONLINE_FUNCTIONS, plan.online)) if used)
@@ -451,54 +402,11 @@ extern "C" __global__ void __launch_bounds__({self._bounds()}) {name}({", ".join
         body = (["const bool row_ok = true;"] + self._unheld_bases()
                 + [f"const idx_t next_row = row + clusters < {rows} ? row + clusters : row;"]
                 + self._next_bases() + self._row_work([]))
-        return self._cluster_rows(self._register_buffers() + first, body)
-
-    def _cluster_rows(self, setup: list[str], body: list[str], counter: str | None = None) -> list[str]:
-        """A persistent cluster's kernel: `setup`, then `body` for each of rows blockIdx.x /
-        cluster, + the clusters launched, ..., the cluster's partials alternating between two
-        slots by row parity (and `counter`, if named, counting the rows taken)."""
-        step = "row += clusters, parity ^= 1" + (f", ++{counter}" if counter else "")
         return (["const int t = threadIdx.x;", "const int slot = 0;"] + self._cluster_slice()
-                + [f"const idx_t clusters = gridDim.x / {self.C};"] + setup
+                + [f"const idx_t clusters = gridDim.x / {self.C};"] + self._register_buffers() + first
                 + ["int parity = 0;  // which of two slots the cluster's partials of this row go to"]
-                + ([f"int {counter} = 0;  // rows this cluster has taken"] if counter else [])
-                + [f"for (idx_t row = (idx_t)blockIdx.x / {self.C}; row < {self.plan.rows}; {step}) {{"]
+                + [f"for (idx_t row = (idx_t)blockIdx.x / {self.C}; row < {rows}; row += clusters, parity ^= 1) {{"]
                 + _indent_lines(body) + ["}"])
-
-    def _staged_rows(self) -> list[str]:
-        """A persistent cluster (_persistent_rows) whose rows come into shared memory by bulk
-        copies (STAGE_FUNCTIONS), STAGES rows ahead: each row's slice goes from its stage into
-        registers; once every thread of the block has read it, thread 0 starts the copy of the
-        row STAGES on into the same stage, so rows load through this one's reductions and
-        stores without a thread issuing a load. A stage's mbarrier completes a phase a copy:
-        the row a cluster takes `use`-th waits on stage use % STAGES, parity (use / STAGES) % 2.
-        Not offered (candidates._persistent_clusters): on an H200 (2026-11-27), over 1024 x
-        393216 bf16, a hand-written kernel of this structure took 446 us, 459 loading rows into
-        registers, but this one 608 against the generated register kernel's 469; why is open
-        (benchmarks/rows_persistent.py gen-t512-staged against staged-c8t512-b2)."""
-        rows, (k,) = self.plan.rows, self.plan.stored
-        a = self.plan.accesses[k]
-        kind, sv = self._buffer_type(k), self.SV
-        copy = (f"rows_stage(stage{k} + {{}} * {sv}, in{a.input} + a{k}_ahead + slice0 * {self.V}, "
-                f"{sv * buffer_bytes(self.plan, k, self.launch.width)}u, &stage_bar[{{}}]);")
-        bases = _indent_lines(self._held_bases("ahead", "h", "ahead"))
-        start = (["if (t == 0) {", f"  for (int b = 0; b < {STAGES}; ++b) rows_stage_init(&stage_bar[b]);",
-                  f"  for (int b = 0; b < {STAGES}; ++b) {{",
-                  f"    const idx_t ahead = (idx_t)blockIdx.x / {self.C} + b * clusters;",
-                  f"    if (ahead < {rows}) {{"] + _indent_lines(_indent_lines(bases + ["  " + copy.format("b", "b")]))
-                 + ["    }", "  }", "}", "__syncthreads();  // the barriers are set up before any thread waits on one"])
-        refill = ([f"if (t == 0 && row + {STAGES} * clusters < {rows}) {{",
-                   f"  const idx_t ahead = row + {STAGES} * clusters;"] + bases
-                  + ["  " + copy.format(f"(use % {STAGES})", f"use % {STAGES}"), "}"])
-        take = ([f"rows_stage_wait(&stage_bar[use % {STAGES}], (unsigned)(use / {STAGES}) % 2);",
-                 "#pragma unroll", f"for (int e = 0; e < {self.E}; ++e) "
-                 f"buf{k}[e] = stage{k}[(use % {STAGES}) * {sv} + e * {self.T} + t];",
-                 "__syncthreads();  // every thread has read the stage before it is refilled"] + refill)
-        body = ["const bool row_ok = true;"] + self._unheld_bases() + take + self._row_work([])
-        stages = ["extern __shared__ __align__(16) unsigned char rows_smem[];",
-                  f"{kind}* stage{k} = reinterpret_cast<{kind}*>(rows_smem);",
-                  f"__shared__ unsigned long long stage_bar[{STAGES}];"]
-        return self._cluster_rows(stages + self._register_buffers() + start, body, counter="use")
 
     def _unheld_bases(self) -> list[str]:
         """_bases but the held inputs', whose vectors a persistent cluster's row already has."""
@@ -853,7 +761,7 @@ extern "C" __global__ void __launch_bounds__({self._bounds()}) {name}({", ".join
     def _epilogue(self) -> list[str]:
         """Element outputs: each vector's elements computed into a register vector, then written."""
         assign, declare, write = self._output_vectors()
-        loads = self._next_loads() if self.launch.persistent and not self.launch.staged else []
+        loads = self._next_loads() if self.launch.persistent else []
         return self._sweep(self.plan.epilogue, assign, declare, write + loads)
 
     def _output_vectors(self) -> tuple[list[str], list[str], list[str]]:
