@@ -351,3 +351,18 @@ def test_an_idle_worker_gives_back_what_a_big_task_left_cached(env):
     assert ev.status == "passed", ev.reason
     free_after, _ = torch.cuda.mem_get_info()
     assert free_before - free_after < CACHE_KEPT_BYTES + (256 << 20), (free_before - free_after) / 2**30
+
+
+def test_a_task_whose_trials_do_not_fit_is_refused_for_memory_and_the_worker_stays(env):
+    """Each tensor a quarter of the free memory: a trial's two inputs and the verifier's copies
+    of them cannot all be held. The candidate is refused as out of GPU memory (it was "the verifier
+    failed" with a traceback, and the worker replaced: softmax over 4096 x 393216 fp32 on an
+    H200), and the same worker goes on to pass the next task."""
+    import torch
+
+    free, _ = torch.cuda.mem_get_info()
+    ev = evaluate(env, GOOD_TORCH, add_relu_task("cuda", shape=(free // 4 // (4096 * 4), 4096)))
+    assert (ev.status, "out of memory" in ev.reason, "the verifier failed" in ev.reason) == ("runtime_error", True, False)
+    assert not ev.worker_restarted, ev.reason
+    ev = evaluate(env, GOOD_TORCH)
+    assert ev.status == "passed" and not ev.worker_restarted, ev.reason

@@ -117,6 +117,9 @@ class Worker:
         faulthandler.dump_traceback_later(max(timeout_s - 1.0, 0.8 * timeout_s))
         try:
             reply = self._handlers[request["op"]](request)
+        except torch.OutOfMemoryError as exc:  # the task's trials or timing beside what else holds the GPU
+            self._unload()  # the context is sound: the worker stays, without the candidate's trials
+            reply = Failure("runtime_error", f"out of GPU memory: {describe_exception(exc)}").to_json()
         except Exception:  # our own failure; the candidate's are caught where it runs
             return Failure("runtime_error", f"the verifier failed: {traceback.format_exc(limit=-6)}",
                            restart=True).to_json()
@@ -185,7 +188,7 @@ class Worker:
                 if state.compiled is None:
                     return {"status": "compile_error", "reason": f"{name}: {state.inductor_error}"}
                 compiled[name] = state.compiled
-            input_sets = self._input_sets(before, new_seed(), self._input_sets_that_fit(before))
+            input_sets = self._input_sets(before, new_seed())
             with precision_context(self.switches, precision), torch.no_grad():
                 problem = request.get("compare", True) and _disagreement(
                     compiled["ours"](*input_sets[0]), compiled["inductor"](*input_sets[0]), before, precision,
@@ -239,13 +242,16 @@ class Worker:
             self.floors = {"floors": floors.to_json(), "floors_key": key}
         return self.floors
 
-    def _input_sets(self, task: Task, seed: int, count: int = INPUT_SETS) -> list[list[torch.Tensor]]:
-        """`count` input sets for timing `task` here, drawn from seed, seed + 1, ..."""
-        return [random_inputs(task.inputs, seed + k, device=str(self.device)) for k in range(count)]
+    def _input_sets(self, task: Task, seed: int) -> list[list[torch.Tensor]]:
+        """Input sets for timing `task` here, drawn from seed, seed + 1, ...: INPUT_SETS, or fewer
+        (at least one) where they would take more than half the GPU's free memory. A whole graph's
+        inputs can be a model's weights; one op's, 6 GB tensors (softmax over 4096 x 393216 fp32)
+        beside the verifier's trials, which took the rest of an H200, so timing ran out of memory
+        with four sets."""
+        return [random_inputs(task.inputs, seed + k, device=str(self.device))
+                for k in range(self._input_sets_that_fit(task))]
 
     def _input_sets_that_fit(self, task: Task) -> int:
-        """INPUT_SETS, or fewer (at least one) where they would take more than half the GPU's
-        free memory: a whole graph's inputs can be a model's weights."""
         if self.device.type != "cuda":
             return INPUT_SETS
         free, _ = torch.cuda.mem_get_info(self.device)
