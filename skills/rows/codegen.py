@@ -95,7 +95,7 @@ __device__ __forceinline__ void rows_prefetch_wait() { asm volatile("cp.async.wa
 # every memory operation before it: a MEMBAR.ALL.GPU that waits for each global load and store the
 # thread has in flight (a persistent cluster's last row's stores, its next row's loads). The
 # partials are the block's own shared memory, so a release of shared::cta operations is enough (on
-# an H200, a persistent bf16 softmax over 1024 x 393216: 469 -> 442 us). The wait keeps its
+# an H200, a persistent bf16 softmax over 1024 x 393216: 469 -> 443 us). The wait keeps its
 # acquire. A block's reads of the others' slots are folded before it arrives at the next barrier,
 # which the next write to those slots follows (two slots by row parity where rows repeat). The
 # restricted fence is PTX 8.6 (CUDA 12.8); an older compiler keeps cluster.sync().
