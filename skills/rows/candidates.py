@@ -195,9 +195,9 @@ def _persistent_clusters(plan: RowPlan) -> list[Launch]:
     """Rows too long for a block and too many for a cluster each at once (KernelBench's softmax
     over 4096 x 393216): a row over a cluster of MAX_CLUSTER blocks held in registers, the
     clusters persistent (Launch.persistent).
-    Offered at the fewest threads holding at most PERSISTENT_ELEMENTS a thread, in what the
-    register file leaves each thread of a block an SM, less OTHER_REGISTERS: more elements a
-    thread spill, fewer leave fewer loads in flight.
+    Offered at the fewest threads holding at most PERSISTENT_ELEMENTS a thread, within the
+    register budget of a thread of one block an SM: more elements a thread spill, fewer leave
+    fewer loads in flight.
     On an H200 (2026-11-27, benchmarks/results/persistent_probe-h200-...) a hand-written kernel
     of this structure ran at 85% of a copy's rate in bf16 (1.80x Inductor; 512 threads) and 88%
     in fp32 (1.40x). Over 1024 x 393216 the generated bf16 one ran 469 us at 512 threads, 573
@@ -212,7 +212,7 @@ def _persistent_clusters(plan: RowPlan) -> list[Launch]:
     shapes = [Launch(t, 1, plan.vector_width, "registers", MAX_CLUSTER, persistent=True)
               for t in (MAX_BLOCK // 4, MAX_BLOCK // 2, MAX_BLOCK)]
     return [c for c in shapes if can_persist(plan, c) and vectors_per_thread(plan, c) * c.width <= PERSISTENT_ELEMENTS
-            and _words(plan, c) <= REGISTER_FILE // c.threads - OTHER_REGISTERS][:1]
+            and _words(plan, c) <= _register_budget(c, 1)][:1]
 
 
 def _prefetching(plan: RowPlan, held: list[Launch]) -> list[Launch]:
@@ -265,10 +265,15 @@ def _wide_register_splits(plan: RowPlan, split: int) -> list[Launch]:
 
 
 def _fits_registers(plan: RowPlan, launch: Launch) -> bool:
-    """Whether a split launch's slice fits in SPLIT_REGISTER_WORDS a thread and in what the
-    register file leaves each thread of a resident grid, less OTHER_REGISTERS."""
-    budget = min(MAX_THREAD_REGISTERS, REGISTER_FILE // (launch.block * blocks_per_sm(plan, launch)))
-    return _words(plan, launch) <= min(SPLIT_REGISTER_WORDS, budget - OTHER_REGISTERS)
+    """Whether a split launch's slice fits in SPLIT_REGISTER_WORDS a thread and in the register
+    budget of a thread of a resident grid."""
+    return _words(plan, launch) <= min(SPLIT_REGISTER_WORDS, _register_budget(launch, blocks_per_sm(plan, launch)))
+
+
+def _register_budget(launch: Launch, blocks: int) -> int:
+    """Registers a thread may hold its slice in: what the register file leaves each thread of
+    `blocks` blocks of `launch` an SM (at most MAX_THREAD_REGISTERS), less OTHER_REGISTERS."""
+    return min(MAX_THREAD_REGISTERS, REGISTER_FILE // (launch.block * blocks)) - OTHER_REGISTERS
 
 
 def _across_rows(plan: RowPlan) -> list[Launch]:
@@ -316,8 +321,8 @@ def tag(plan: RowPlan, launch: Launch) -> str:
     return (f"t{launch.threads}r{launch.rows}v{launch.width}"
             + ("s" if launch.storage == "shared" and plan.stored else "")
             + (f"c{launch.cluster}" if launch.cluster > 1 else "") + (f"g{launch.split}" if launch.split > 1 else "")
-            + ("p" if launch.prefetch else "") + ("P" if launch.persistent else "")
-            + ("n" if launch.no_l1 else "") + ("o" if plan.online else ""))
+            + ("p" if launch.prefetch else "") + ("P" if launch.persistent else "") + ("n" if launch.no_l1 else "")
+            + ("o" if plan.online else ""))
 
 
 def propose_candidates(plan: RowPlan) -> list[Candidate]:

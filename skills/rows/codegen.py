@@ -404,8 +404,8 @@ extern "C" __global__ void __launch_bounds__({self._bounds()}) {name}({", ".join
                 + self._next_bases() + self._row_work([]))
         return (["const int t = threadIdx.x;", "const int slot = 0;"] + self._cluster_slice()
                 + [f"const idx_t clusters = gridDim.x / {self.C};"] + self._register_buffers() + first
-                + ["int parity = 0;  // which of two slots the cluster's partials of this row go to"]
-                + [f"for (idx_t row = (idx_t)blockIdx.x / {self.C}; row < {rows}; row += clusters, parity ^= 1) {{"]
+                + ["int parity = 0;  // which of two slots the cluster's partials of this row go to",
+                   f"for (idx_t row = (idx_t)blockIdx.x / {self.C}; row < {rows}; row += clusters, parity ^= 1) {{"]
                 + _indent_lines(body) + ["}"])
 
     def _unheld_bases(self) -> list[str]:
