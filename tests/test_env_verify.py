@@ -101,6 +101,19 @@ def test_result_cached_by_input_pointer_is_rejected(env):
     assert ev.status == "rejected" and "cached (by input pointer or shape)" in ev.reason, ev.reason
 
 
+def test_input_addresses_repeat_only_where_a_trial_reuses_inputs_on_purpose(env):
+    """Earlier trials' inputs are let go (a task of 6 GB tensors ran out of memory holding them
+    all), yet no later trial's input lands where one of theirs was: this candidate answers wrong
+    once it has seen an input address twice outside the one reusing trial."""
+    ev = evaluate(env, make_candidate("""
+        pointers = {a.data_ptr(), b.data_ptr()}
+        self.repeats += bool(pointers & self.seen)
+        self.seen |= pointers
+        return torch.relu(a + b) + (self.repeats > 1)
+    """, init="self.seen, self.repeats = set(), 0"))
+    assert ev.status == "passed", ev.reason
+
+
 def test_result_cached_by_shape_is_rejected(env):
     ev = evaluate(env, make_candidate("""
         if a.shape not in self.cache:

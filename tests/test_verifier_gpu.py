@@ -366,3 +366,22 @@ def test_a_task_whose_trials_do_not_fit_is_refused_for_memory_and_the_worker_sta
     assert not ev.worker_restarted, ev.reason
     ev = evaluate(env, GOOD_TORCH)
     assert ev.status == "passed" and not ev.worker_restarted, ev.reason
+
+
+def test_a_task_whose_inputs_take_a_sixth_of_the_memory_each_is_verified(env):
+    """Seven trials of one 1/6-of-free-memory input each: holding every trial's inputs (as the
+    verifier did, so that addresses never repeat) runs out of memory at the fifth; now only the
+    latest trial's are held, and new ones keep out of the earlier ones' addresses."""
+    import torch
+
+    from test_env_cases import contiguous, make_task
+
+    free, _ = torch.cuda.mem_get_info()
+    rows = free // 6 // (4096 * 4)
+    task = make_task("row_sum_sixth", "return aten.sum.dim_IntList(in0, [1])",
+                     [contiguous((rows, 4096), "float32", "cuda")], [contiguous((rows,), "float32", "cuda")],
+                     "reduction", ("aten.sum.dim_IntList",))
+    ev = evaluate(env, make_candidate("return a.sum(1)", args="a"), task)
+    assert ev.status == "passed", ev.reason
+    assert ev.verification["trials"] == 7
+

@@ -178,16 +178,20 @@ def bitwise_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
     return a.shape == b.shape and a.dtype == b.dtype and differing_elements(a, b) == 0
 
 
-def _memory_span(t: torch.Tensor) -> tuple[str, int, int]:
+def memory_span(t: torch.Tensor) -> tuple[str, int, int]:
+    """The device and the address range of the storage behind `t`."""
     storage = t.untyped_storage()
     return str(t.device), storage.data_ptr(), storage.data_ptr() + storage.nbytes()
 
 
+def spans_overlap(a: tuple[str, int, int], b: tuple[str, int, int]) -> bool:
+    (dev_a, start_a, end_a), (dev_b, start_b, end_b) = a, b
+    return dev_a == dev_b and start_a < end_a and start_b < end_b and start_a < end_b and start_b < end_a
+
+
 def share_memory(a: torch.Tensor, b: torch.Tensor) -> bool:
     """Whether the storages behind two tensors overlap (a view, or the same buffer)."""
-    dev_a, start_a, end_a = _memory_span(a)
-    dev_b, start_b, end_b = _memory_span(b)
-    return dev_a == dev_b and start_a < end_a and start_b < end_b and start_a < end_b and start_b < end_a
+    return spans_overlap(memory_span(a), memory_span(b))
 
 
 def overlapping_pairs(tensors: list[torch.Tensor]) -> set[tuple[int, int]]:

@@ -40,8 +40,9 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from agent_backend.env.candidate_loader import describe_exception
 from agent_backend.env import float64
-from agent_backend.env.compare import (bitwise_equal, compare_values, differing_elements, layout_problem,
-                                       overlapping_pairs, share_memory, stride_note, tolerance)
+from agent_backend.env.compare import (bitwise_equal, compare_values, differing_elements, layout_problem, memory_span,
+                                       overlapping_pairs, share_memory, spans_overlap, stride_note,
+                                       tolerance)
 from agent_backend.env.guards import REAL, GlobalSwitches, PatchFingerprint, PoisonedAllocations, StateWatch
 from agent_backend.env.results import Failure
 from agent_backend.specs import Task, TensorSpec, random_inputs
@@ -227,9 +228,10 @@ class CudaRunner:
 
 @dataclass
 class _Trial:
-    """What a trial leaves: its inputs (alive to the end, so pointers never repeat), and while it
-    is the latest, its outputs' copies and the reference's (None after)."""
-    inputs: list[torch.Tensor]
+    """What the latest trial leaves: its inputs (for the trial that reuses them), its outputs'
+    copies and the reference's (for the explanation of a mismatch in the next trial; None once
+    that trial passes)."""
+    inputs: list[torch.Tensor] | None
     copies: list[torch.Tensor] | None
     expected: list[torch.Tensor] | None
 
@@ -253,20 +255,23 @@ class Verifier:
         self.float64_ref_err = 0.0  # the reference's, on the same inputs
         self.float64_note: str | None = None  # why there is no float64 evaluation
         self.judged_by_float64: list[str] = []  # input sets where the reference strayed, the candidate did not
-        # Every trial's inputs and every output returned so far stay alive, so their memory is
-        # never handed out again: pointers repeat only where a trial reuses inputs on purpose,
-        # and a candidate returning the same buffer twice is seen doing so. The copies and the
-        # reference's outputs stay for the latest trial only: a result cached by input pointer
-        # (the reusing trial follows the one whose inputs it reuses) or by shape (the second
-        # trial already fails) returns the previous trial's bits, and the rest took as much
-        # memory again (KernelBench's 4096 x 393216 softmax: 118 GB over seven trials).
-        self._history: list[_Trial] = []
+        # Every output returned so far stays alive, so its memory is never handed out again and
+        # a candidate returning the same buffer twice is seen doing so. Inputs stay alive for the
+        # latest trial only; the address ranges of all of them are kept instead, and new inputs
+        # are never placed in one (_fresh_blanks): pointers repeat only where a trial reuses
+        # inputs on purpose. The copies and the reference's outputs stay for the latest trial
+        # only too: a result cached by input pointer (the reusing trial follows the one whose
+        # inputs it reuses) or by shape (the second trial already fails) returns the previous
+        # trial's bits. Keeping the rest took as much memory again per trial (KernelBench's
+        # 4096 x 393216 softmax fp32: 114 GB of an H200 by the fifth trial).
+        self._latest: _Trial | None = None
+        self._input_spans: list[tuple[str, int, int]] = []
         self._returned: list[torch.Tensor] = []
         self._poisoning: PoisonedAllocations | None = None  # of the last forward
 
     def run(self) -> Failure | None:
         for number, (draw, reuse) in enumerate(VERIFICATION_PLAN):
-            reuse_inputs = self._history[-1].inputs if reuse and self._history else None
+            reuse_inputs = self._latest.inputs if reuse and self._latest else None
             failure = self.trial(draw, reuse_inputs, record_ops=number == 0)
             if failure:
                 return failure
@@ -299,9 +304,11 @@ class Verifier:
         write the new values into these tensors instead of new ones."""
         self.trials += 1
         where = f" [input set {self.trials}: {draw.describe()}]"
+        if self._latest is not None and reuse_inputs is None:
+            self._latest.inputs = None  # their memory may hold the new values; _fresh_blanks keeps out of it
         sources = random_inputs(self.task.inputs, self.seed + self.trials, scale=draw.scale, offset=draw.offset,
                                 binary=draw.binary, device=str(self.device))
-        inputs = reuse_inputs or [blank_like(s) for s in sources]
+        inputs = reuse_inputs or self._fresh_blanks(sources)
         watch = StateWatch(self.switches, self.fingerprint)
         recorder = TorchOpRecorder() if record_ops else None
         self._poisoning = None
@@ -315,6 +322,20 @@ class Verifier:
         return (watch.violation("forward") or self._poisoning_failure() or call.failure
                 or self._inputs_failure(inputs, sources) or self._memory_failure(call.outputs, inputs)
                 or self._compare(call, sources, inputs, where))
+
+    def _fresh_blanks(self, sources: list[torch.Tensor]) -> list[torch.Tensor]:
+        """Blank inputs for `sources` at addresses no earlier trial's inputs had: a blank that
+        lands in one (the allocator hands freed memory out again) is held aside while the next
+        is allocated, then let go."""
+        held, blanks = [], []
+        for source in sources:
+            blank = blank_like(source)
+            while any(spans_overlap(memory_span(blank), span) for span in self._input_spans):
+                held.append(blank)
+                blank = blank_like(source)
+            blanks.append(blank)
+        self._input_spans.extend(memory_span(b) for b in blanks)
+        return blanks
 
     def _forward(self, inputs: list[torch.Tensor], recorder: TorchOpRecorder | None) -> Any:
         with torch.no_grad(), PoisonedAllocations() as self._poisoning, recorder or nullcontext():
@@ -369,15 +390,14 @@ class Verifier:
             self.max_abs_err = max(self.max_abs_err, check.max_abs_err)
             self.max_rel_err = max(self.max_rel_err, check.max_rel_err)
             first_problem = first_problem or check.problem
-        previous = self._history[-1] if self._history else None
-        self._history.append(_Trial(inputs, call.copies, expected))
+        previous, self._latest = self._latest, _Trial(inputs, call.copies, expected)
+        if first_problem is None:  # the latest trial's evidence is all an explanation needs
+            previous = None  # (its memory goes back before the float64 evaluation takes more)
         exact = self._exact(sources)
         if first_problem is not None and exact is not None and self._closer_to_exact(call.copies, expected, exact):
             self.judged_by_float64.append(f"{where.strip()}: {first_problem}")
             first_problem = None
         if first_problem is None:
-            if previous is not None:  # the latest trial's evidence is all an explanation needs
-                previous.copies = previous.expected = None
             problem = self._accuracy_problem(call.copies, expected, exact)
             return Failure("incorrect", problem + where) if problem else None
         return self._explain(first_problem + where, call, sources, expected, previous)
