@@ -277,6 +277,13 @@ class Verifier:
                 return failure
         return None
 
+    def before_timing(self) -> None:
+        """Let go of the latest trial: timing draws inputs of its own, and the check after it
+        reuses the inputs timed last, where a result cached while timed would replay a timed
+        call's bits, not the latest trial's (softmax over 4096 x 393216 fp32: 18 GB that timing
+        ran out of memory without)."""
+        self._latest = None
+
     def details(self) -> dict:
         details = {
             "trials": self.trials,

@@ -300,6 +300,7 @@ class Worker:
     def _profile(self, request: dict) -> dict:
         loaded = self.loaded
         task, state, verifier = loaded.task, loaded.state, loaded.verifier
+        verifier.before_timing()
         input_sets = self._input_sets(task, verifier.seed + 1000)
         ours, dispatch = runtime.as_called_by_a_graph(loaded.model, task.outputs, task.program, self.device)
         contenders = {"ours": ours, "eager": state.model}
