@@ -17,8 +17,8 @@ from cuda_emulation import compiler, run
 from skills.rows.candidates import launch_arguments, launch_configs
 from skills.rows.codegen import Launch, kernel_source
 from skills.rows.plan import build_plan
-from test_rows_template import (BACKWARD, CASES, Fn, _cross_entropy_tasks, assert_computes_the_task, backward_tasks,
-                                case_task, cross_entropy_backward_task, resized, scan_task,
+from test_rows_template import (BACKWARD, CASES, GEMV_CASES, Fn, _cross_entropy_tasks, assert_computes_the_task,
+                                backward_tasks, case_task, cross_entropy_backward_task, gemv_task, resized, scan_task,
                                 traced_row_tasks)
 
 pytestmark = [pytest.mark.skipif(compiler() is None, reason="needs a C++ compiler"), pytest.mark.slow]
@@ -44,6 +44,14 @@ def test_every_proposed_launch_computes_the_task(name, dtype, tmp_path):
         for launch in launch_configs(plan):
             if not launch.no_l1:
                 _check(task, launch, tmp_path, plan=plan)
+
+
+@pytest.mark.parametrize("name", GEMV_CASES)
+@pytest.mark.parametrize("dtype", [f32, bf16])
+def test_every_matrix_vector_launch_computes_the_product(name, dtype, tmp_path):
+    task = gemv_task(name, dtype)
+    for launch in launch_configs(build_plan(task)):
+        _check(task, launch, tmp_path)
 
 
 @pytest.mark.parametrize("name", ["logsumexp", "mse_loss", "mean_dim1"])

@@ -16,8 +16,8 @@ import torch.nn.functional as F
 from agent_backend.env import Environment, Timeouts
 from agent_backend.specs import Task, random_inputs
 from skills.rows import propose
-from test_rows_template import (BACKWARD, CASES, SCAN_CASES, Fn, assert_computes_the_task, backward_tasks,
-                                cross_entropy_backward_task, resized, traced_row_tasks)
+from test_rows_template import (BACKWARD, CASES, GEMV_CASES, SCAN_CASES, Fn, assert_computes_the_task, backward_tasks,
+                                cross_entropy_backward_task, gemv_task, resized, traced_row_tasks)
 
 pytestmark = pytest.mark.gpu
 
@@ -84,6 +84,25 @@ def test_backward_tasks_pass_the_environment(env, name, dtype):
     for task in backward_tasks(name, dtype, "cuda"):
         _assert_candidates_match_eager(task, random_inputs(task.inputs, 0, scale=2.0, device="cuda"))
         _assert_all_pass(env, task)
+
+
+# Matrix-vector products (traced on the GPU, kind "matmul"): as the cases are, then Linear at batch 1 at
+# a decoding step's size, an odd k (no vector loads), and a matrix of few long rows times a
+# column (rows split over a grid).
+GEMV_SHAPES = [
+    ("linear_batch1", bf16, [(1, 4096), (11008, 4096)]),
+    ("linear_bias_relu_batch1", f32, [(1, 4097), (1000, 4097), (1000,)]),
+    ("matrix_column", f32, [(16, 131072), (131072, 1)]),
+    ("matrix_column", bf16, [(4097, 1000), (1000, 1)]),
+]
+
+
+@pytest.mark.parametrize("name, dtype, shapes", [(n, dt, None) for n in GEMV_CASES for dt in (f32, bf16)]
+                         + GEMV_SHAPES, ids=lambda v: str(v))
+def test_matrix_vector_products(env, name, dtype, shapes):
+    task = gemv_task(name, dtype, "cuda", tuple(map(tuple, shapes)) if shapes else None)
+    _assert_candidates_match_eager(task, random_inputs(task.inputs, 0, scale=2.0, device="cuda"))
+    _assert_all_pass(env, task)
 
 
 # (case, dtype, shapes of its inputs): odd row lengths, one row and many, long rows (clusters where

@@ -174,6 +174,25 @@ def scan_task(name: str, dtype: torch.dtype = f32, shape: tuple[int, ...] = (8, 
     return resized(_on_cuda(task), shape)
 
 
+# name -> (fn, shapes of its inputs): matrix-vector products as the backend's pass claims them
+# (one task of kind "matmul"), which the template plans as sums over k (skills/rows/gemv.py):
+# nn.Linear at batch 1 (x @ W.t()), with a bias and an epilogue, and a matrix times a column.
+GEMV_CASES = {
+    "linear_batch1": (lambda x, w: F.linear(x, w), [(1, 1000), (37, 1000)]),
+    "linear_bias_relu_batch1": (lambda x, w, b: torch.relu(F.linear(x, w, b)), [(1, 1000), (37, 1000), (37,)]),
+    "matrix_column": (lambda a, v: (a @ v) * 2, [(37, 1000), (1000, 1)]),
+}
+
+
+@functools.cache
+def gemv_task(name: str, dtype: torch.dtype = f32, device: str = "cpu", shapes: tuple | None = None) -> Task:
+    """Case `name` traced on `device` at `shapes` (its fn's arguments', default the case's)."""
+    fn, default = GEMV_CASES[name]
+    inputs = [_randn(s, dtype, device, seed=k) for k, s in enumerate(shapes or default)]
+    (task,) = traced_row_tasks(Fn(fn), inputs, kind="matmul")
+    return _on_cuda(task)
+
+
 TOLERANCE = {f32: 1e-4, f16: 1e-2, bf16: 1e-2, torch.bool: 0.0}
 
 
@@ -307,6 +326,25 @@ def test_reductions_over_a_strided_dim_run_threads_across_rows():
     assert (plan.outer, plan.inner) == ((4, 32), (16,))
     assert plan.accesses[0].outer == (512, 1) and plan.accesses[0].inner == (32,)
     assert all(launch.threads <= 32 and launch.rows >= 32 for launch in launch_configs(plan))
+
+
+@pytest.mark.parametrize("name", GEMV_CASES)
+@pytest.mark.parametrize("dtype", [f32, bf16])
+def test_a_matrix_vector_product_is_planned_as_a_sum_over_k_per_output(name, dtype):
+    """A row per output: W's row (Linear at batch 1) or the matrix's (times a column), read along
+    its memory; the vector read by every row (its access strides 0 over them); a bias per row."""
+    plan = build_plan(gemv_task(name, dtype))
+    assert (plan.outer, plan.inner, plan.along_rows) == ((37,), (1000,), True)
+    assert len(plan.passes) == 1 and plan.stored == () and [o.per_row for o in plan.outputs] == [True]
+    assert [(a.outer, a.inner) for a in plan.accesses if not a.per_row] in ([((0,), (1,)), ((1000,), (1,))],
+                                                                          [((1000,), (1,)), ((0,), (1,))])
+    assert propose(gemv_task(name, dtype))
+
+
+def test_a_product_of_two_matrices_is_not_taken():
+    (task,) = traced_row_tasks(Fn(lambda a, b: (a @ b) * 2), [_randn((37, 1000), f32, "cpu"),
+                                                              _randn((1000, 3), f32, "cpu", seed=1)], kind="matmul")
+    assert "a 37 x 1000 matrix by a 1000 x 3 one: no vector" in supports(_on_cuda(task))
 
 
 def test_few_long_rows_are_split_over_a_cooperative_grid():

@@ -36,6 +36,7 @@ from skills.pointwise.ops import OP_RULES, OpArgs, Value
 from agent_backend.partition import IOTA, bind_arguments, is_reshape
 from skills.pointwise.plan import graph_interface, meta_result
 
+from .gemv import lower_products
 from .placement import Axes, Placement, meta_shape, reduced_axes, refine, runs, space_dims
 
 aten = torch.ops.aten
@@ -194,7 +195,9 @@ class RowPlan:
 
 def build_plan(task: Task, online: bool = False) -> RowPlan:
     """The plan for `task`, or Unsupported with the reason the template cannot take it; with
-    `online`, each sum of exp(y - max(y)) is taken online (Partial) beside its max."""
+    `online`, each sum of exp(y - max(y)) is taken online (Partial) beside its max. A matrix-vector
+    product is planned as its sum over k (gemv.lower_products)."""
+    task = lower_products(task)
     placeholders, out_nodes = graph_interface(task)
     for spec in task.inputs + task.outputs:
         if spec.torch_dtype not in COMPUTE_DTYPES + INDEX_DTYPES:
