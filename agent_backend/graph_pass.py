@@ -7,6 +7,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Callable
 
+import torch
 import torch.fx as fx
 from torch._inductor.custom_graph_pass import CustomGraphPass
 from torch._inductor.pattern_matcher import stable_topological_sort
@@ -15,6 +16,8 @@ from . import inline, runtime
 from .partition import Group, partition
 from .specs import Task
 from .task import UnsupportedGroup, boundary, extract_task
+
+MATRIX_VECTOR_OPS = (torch.ops.aten.mm.default, torch.ops.aten.addmm.default)
 
 log = logging.getLogger("cuda_agent")
 
@@ -127,11 +130,19 @@ def _outputs_used_within(group: Group) -> bool:
 
 
 def worth_a_search(group: Group, min_ops: int) -> bool:
-    """At least `min_ops` ops, or a reduction or scan however small: a single pointwise op is
-    already what Inductor writes, a single reduction may not be (a float32 sum over 16 rows of
-    393216: Inductor's kernels 80-107 us, eager's 21 us, H100), nor a scan (a bf16 cumsum of
-    8192 x 4096: Inductor's 82 us, 60% of the copy rate; the rows family's 51 us, H100)."""
-    return group.op_count() >= min_ops or group.kind in ("reduction", "scan")
+    """At least `min_ops` ops, or a reduction, scan or matrix-vector product however small: a
+    single pointwise op is already what Inductor writes, a single reduction may not be (a float32
+    sum over 16 rows of 393216: Inductor's kernels 80-107 us, eager's 21 us, H100), nor a scan (a
+    bf16 cumsum of 8192 x 4096: Inductor's 82 us, 60% of the copy rate; the rows family's 51 us,
+    H100), nor cuBLAS's GEMV (fp32, 1 x 4096 by 4096 x 4096: 32.9 us, the rows family's 21.2, H200)."""
+    return (group.op_count() >= min_ops or group.kind in ("reduction", "scan")
+            or any(_matrix_vector(n) for n in group.nodes))
+
+
+def _matrix_vector(node: fx.Node) -> bool:
+    """An mm or addmm of one output row or column: a matrix times a vector."""
+    value = node.meta.get("val")
+    return node.target in MATRIX_VECTOR_OPS and value is not None and 1 in tuple(value.shape)
 
 
 class SubgraphPass(CustomGraphPass):

@@ -412,13 +412,29 @@ def test_our_ops_demand_the_exact_strides_they_were_verified_on():
     (lambda x: x.sum(-1), ["reduction"]),
     (lambda x: x.amax(-1, keepdim=True), ["reduction"]),
     (lambda x: torch.relu(x), []),
-], ids=["sum", "amax", "relu"])
-def test_a_reduction_alone_is_searched_a_pointwise_op_alone_is_not(fn, kinds):
+    (lambda x: x @ x[0], ["reduction"]),  # a matrix times a 1-d vector: mv, decomposed to a sum
+    (lambda x: x @ x[0].unsqueeze(-1), ["matmul"]),  # a matrix times a column
+    (lambda x: x[:1] @ x.t(), ["matmul"]),  # a one-row matrix times a matrix
+], ids=["sum", "amax", "relu", "matrix_vector", "matrix_column", "row_matrix"])
+def test_a_reduction_or_gemv_alone_is_searched_a_pointwise_op_alone_is_not(fn, kinds):
     """min_ops (2) spares single pointwise ops, which Inductor writes as well as anyone; a single
-    reduction is searched, since Inductor's can be far from the floor over long rows."""
+    reduction is searched, since Inductor's can be far from the floor over long rows, and a
+    single matrix-vector product (cuBLAS's GEMV can be too)."""
     class One(nn.Module):
         def forward(self, x):
             return fn(x)
 
     tasks = collect_tasks(One(), [torch.randn(4, 512)], backward=False, min_ops=resolve({}).min_ops)
+    assert [t.kind for t in tasks] == kinds
+
+
+@pytest.mark.parametrize("columns, kinds", [(1, ["matmul"]), (3, [])])
+def test_a_product_alone_is_searched_where_it_is_a_matrix_times_a_column(columns, kinds):
+    """KernelBench's matrix-vector problem, torch.matmul(A, B) of a one-column B, is a single mm."""
+    class Product(nn.Module):
+        def forward(self, a, b):
+            return torch.matmul(a, b)
+
+    tasks = collect_tasks(Product(), [torch.randn(64, 512), torch.randn(512, columns)], backward=False,
+                          min_ops=resolve({}).min_ops)
     assert [t.kind for t in tasks] == kinds
