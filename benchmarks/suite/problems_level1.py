@@ -93,6 +93,13 @@ class MatMul(nn.Module):
         return a @ b
 
 
+class LinearOfInputs(nn.Module):
+    """nn.Linear's product with its weight an input (a weight is one to the compiled graph too)."""
+
+    def forward(self, x, weight):
+        return F.linear(x, weight)
+
+
 class Conv2d(nn.Module):
     def __init__(self, cin: int, cout: int, kernel: int):
         super().__init__()
@@ -111,9 +118,9 @@ def images(d):
 
 
 LONG_ROWS = {"rows": 16, "cols": 393216}
-# KernelBench level 1's rows (its batch is 4096: 6.4 GB in fp32, more than the verifier held on
-# an H200 while it kept every trial's output copies and reference outputs too; since it keeps only
-# the latest trial's, 4096 may fit, not yet tried on a GPU)
+# A quarter of KernelBench level 1's rows: its batch, 4096, makes 6.4 GB tensors in fp32, which an
+# H200 verifies and times since 2026-11-27 (the verifier keeps only the latest trial's inputs, and
+# timing lets go of it), an 80 GB H100 may not.
 MANY_LONG_ROWS = {"rows": 1024, "cols": 393216}
 WIDE = {"rows": 4096, "cols": 8192}
 SMALL_ROWS = {"rows": 4, "cols": 64}
@@ -156,6 +163,12 @@ PROBLEMS = [
             floor_bytes=io_bytes),
     Problem("transpose_copy", 1, TransposeCopy, rows, {"rows": 8192, "cols": 8192}, SMALL_ROWS,
             group="single-op", floor_bytes=io_bytes),
+    # matrix-vector products: nn.Linear at batch 1 (a decoding step's MLP projection), a matrix
+    # times a column
+    Problem("gemv_linear", 1, LinearOfInputs, lambda d: [torch.randn(1, d.k), torch.randn(d.n, d.k)],
+            {"k": 4096, "n": 14336}, {"k": 16, "n": 8}, group="single-op", floor_bytes=io_bytes),
+    Problem("matrix_vector", 1, MatMul, lambda d: [torch.randn(d.m, d.k), torch.randn(d.k, 1)],
+            {"m": 8192, "k": 8192}, {"m": 8, "k": 16}, group="single-op", floor_bytes=io_bytes),
     Problem("matmul", 1, MatMul, lambda d: [torch.randn(d.m, d.k), torch.randn(d.k, d.n)],
             {"m": 4096, "k": 4096, "n": 4096}, {"m": 8, "k": 16, "n": 8}, group="single-op"),
     Problem("conv2d", 1, Conv2d, images, {"batch": 32, "channels": 64, "size": 56, "out": 128, "kernel": 3},
