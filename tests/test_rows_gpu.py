@@ -87,13 +87,14 @@ def test_backward_tasks_pass_the_environment(env, name, dtype):
 
 
 # Matrix-vector products (traced on the GPU, kind "matmul"): as the cases are, then Linear at batch 1 at
-# a decoding step's size, an odd k (no vector loads), and a matrix of few long rows times a
-# column (rows split over a grid).
+# a decoding step's size, an odd k (no vector loads), a matrix of few long rows times a column
+# (rows split over a grid), and Linear at batch 2 at size.
 GEMV_SHAPES = [
     ("linear_batch1", bf16, [(1, 4096), (11008, 4096)]),
     ("linear_bias_relu_batch1", f32, [(1, 4097), (1000, 4097), (1000,)]),
     ("matrix_column", f32, [(16, 131072), (131072, 1)]),
     ("matrix_column", bf16, [(4097, 1000), (1000, 1)]),
+    ("linear_batch2", f32, [(2, 4096), (14336, 4096)]),
 ]
 
 

@@ -181,6 +181,7 @@ GEMV_CASES = {
     "linear_batch1": (lambda x, w: F.linear(x, w), [(1, 1000), (37, 1000)]),
     "linear_bias_relu_batch1": (lambda x, w, b: torch.relu(F.linear(x, w, b)), [(1, 1000), (37, 1000), (37,)]),
     "matrix_column": (lambda a, v: (a @ v) * 2, [(37, 1000), (1000, 1)]),
+    "linear_batch2": (lambda x, w: F.linear(x, w), [(2, 1000), (37, 1000)]),  # a row an output, two a W row
 }
 
 
@@ -334,17 +335,19 @@ def test_a_matrix_vector_product_is_planned_as_a_sum_over_k_per_output(name, dty
     """A row per output: W's row (Linear at batch 1) or the matrix's (times a column), read along
     its memory; the vector read by every row (its access strides 0 over them); a bias per row."""
     plan = build_plan(gemv_task(name, dtype))
-    assert (plan.outer, plan.inner, plan.along_rows) == ((37,), (1000,), True)
+    pair = name == "linear_batch2"  # the rows of x inner, so that the two reading a W row are neighbours
+    assert (plan.outer, plan.inner, plan.along_rows) == ((37, 2) if pair else (37,), (1000,), True)
     assert len(plan.passes) == 1 and plan.stored == () and [o.per_row for o in plan.outputs] == [True]
-    assert [(a.outer, a.inner) for a in plan.accesses if not a.per_row] in ([((0,), (1,)), ((1000,), (1,))],
-                                                                          [((1000,), (1,)), ((0,), (1,))])
+    vector_rows, matrix_rows = ((0, 1000), (1000, 0)) if pair else ((0,), (1000,))  # strides over the rows
+    assert sorted(a.outer for a in plan.accesses if not a.per_row) == sorted([vector_rows, matrix_rows])
+    assert all(a.inner == (1,) for a in plan.accesses if not a.per_row)
     assert propose(gemv_task(name, dtype))
 
 
 def test_a_product_of_two_matrices_is_not_taken():
     (task,) = traced_row_tasks(Fn(lambda a, b: (a @ b) * 2), [_randn((37, 1000), f32, "cpu"),
                                                               _randn((1000, 3), f32, "cpu", seed=1)], kind="matmul")
-    assert "a 37 x 1000 matrix by a 1000 x 3 one: no vector" in supports(_on_cuda(task))
+    assert "a 37 x 1000 matrix by a 1000 x 3 one: more than 2 vectors on either side" in supports(_on_cuda(task))
 
 
 def test_few_long_rows_are_split_over_a_cooperative_grid():

@@ -1,0 +1,54 @@
+"""nn.Linear's product at a few rows of input (x @ W.t(), x of M rows), as the backend's pass
+claims it (one task of kind "matmul"), the rows template's every launch (skills/rows/gemv.py: the
+product summed over k, a row per output, the rows sharing a weight row next to each other) against
+cuBLAS (F.linear), Inductor's compile of it, and a copy of the weight: triton do_bench, least of 3
+interleaved rounds.
+
+    python benchmarks/skinny_linear.py M:N:K:DTYPE..    # e.g. 1:14336:4096:bf16 8:14336:4096:fp32
+
+On an H200 (2026-11-27): benchmarks/results/skinny_linear-h200-torch2.11-2026-11-27-thirtyfirst.txt.
+"""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout
+
+from agent_backend.explain import tasks_of, trace_tasks  # noqa: E402
+from agent_backend.specs import random_inputs  # noqa: E402
+from agent_backend.task import load_program  # noqa: E402
+from benchmarks.rows_plans import bench, plan_contenders, plan_launches  # noqa: E402
+
+DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
+
+
+class Linear(torch.nn.Module):
+    def forward(self, x, weight):
+        return F.linear(x, weight)
+
+
+def main(specs: list[str]) -> None:
+    for spec in specs:
+        m, n, k, dtype = spec.split(":")
+        dt = DTYPES[dtype]
+        x, w = torch.randn(int(m), int(k), dtype=dt), torch.randn(int(n), int(k), dtype=dt)
+        (task,) = [t.on_device("cuda") for t in tasks_of(trace_tasks(Linear(), [x, w], backward=False, min_ops=1))]
+        ins = random_inputs(task.inputs, 0, device="cuda")
+        reference = load_program(task.program)["Model"]().cuda()
+        fns = plan_contenders(plan_launches(task), ins, (reference(*ins),), atol=1e-1)
+        compiled = torch.compile(reference)
+        compiled(*ins)
+        weight = max(ins, key=torch.Tensor.numel)
+        destination = torch.empty_like(weight)
+        fns |= {"cublas": lambda: reference(*ins), "inductor": lambda: compiled(*ins),
+                "copy-weight": lambda: destination.copy_(weight)}
+        t = bench(fns, rounds=3)
+        print(spec, " | ".join(f"{k} {v:.1f}us" for k, v in sorted(t.items(), key=lambda kv: kv[1])), flush=True)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
