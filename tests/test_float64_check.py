@@ -121,16 +121,33 @@ class RecordsItsOutputs(AddRelu):
         return out
 
 
-def test_only_the_latest_trials_copies_and_references_stay_alive():
-    """Each trial's inputs stay alive to the end (pointers never repeat), but the reference's
-    outputs and the candidate's copies only while their trial is the latest: the explanation of a
-    cached result needs no more, and seven trials' worth of them had filled an H200."""
-    reference = RecordsItsOutputs()
-    verifier = _verifier(AddRelu(), reference)
+class RecordsItsInputs(AddRelu):
+    """AddRelu keeping a weak reference to its first input on each call."""
+
+    def __init__(self):
+        super().__init__()
+        self.inputs = []
+
+    def forward(self, a, b):
+        self.inputs.append(weakref.ref(a))
+        return super().forward(a, b)
+
+
+def test_only_the_latest_trials_inputs_copies_and_references_stay_alive():
+    """The reference's outputs, the candidate's copies and the inputs stay alive only while their
+    trial is the latest (the trial reusing inputs reuses the latest's; addresses still never repeat:
+    test_env_verify): seven trials' worth of them had filled an H200. Timing lets go of the latest
+    trial's too."""
+    candidate, reference = RecordsItsInputs(), RecordsItsOutputs()
+    verifier = _verifier(candidate, reference)
     assert verifier.run() is None
     gc.collect()
-    assert [r() is not None for r in reference.outputs] == [False] * (len(VERIFICATION_PLAN) - 1) + [True]
-    assert len(verifier._history) == len(VERIFICATION_PLAN) and all(t.inputs for t in verifier._history)
+    latest_only = [False] * (len(VERIFICATION_PLAN) - 1) + [True]
+    assert [r() is not None for r in reference.outputs] == latest_only
+    assert [r() is not None for r in candidate.inputs] == latest_only
+    verifier.before_timing()
+    gc.collect()
+    assert not any(r() is not None for r in reference.outputs + candidate.inputs)
 
 
 def test_a_float64_evaluation_out_of_memory_leaves_the_check_out_and_the_candidate_judged():
