@@ -344,6 +344,18 @@ def test_a_matrix_vector_product_is_planned_as_a_sum_over_k_per_output(name, dty
     assert propose(gemv_task(name, dtype))
 
 
+def test_a_matrix_vector_plan_needs_no_node_metadata_and_follows_a_resize():
+    task = gemv_task("linear_bias_relu_batch1", bf16)
+    expected = build_plan(task)
+    for node in task.graph_module.graph.nodes:
+        node.meta.clear()
+    assert build_plan(task) == expected
+    # the traced graph (and its metadata) said 1 row of x; the task now has 2 rows of x, then 3
+    assert [s.shape for s in task.inputs] == [(37, 1000), (37,), (1, 1000)]  # W, the bias, x
+    assert build_plan(resized(task, (37, 1000), (37,), (2, 1000))).outer == (37, 2)
+    assert "more than 2 vectors" in supports(resized(task, (37, 1000), (37,), (3, 1000)))
+
+
 def test_a_product_of_two_matrices_is_not_taken():
     (task,) = traced_row_tasks(Fn(lambda a, b: (a @ b) * 2), [_randn((37, 1000), f32, "cpu"),
                                                               _randn((1000, 3), f32, "cpu", seed=1)], kind="matmul")

@@ -16,12 +16,14 @@ from __future__ import annotations
 
 import dataclasses
 
+import torch
 import torch.fx as fx
+from torch._subclasses.fake_tensor import FakeTensorMode
 
 from agent_backend.specs import Task
 from agent_backend.task import Subgraph
 from skills.pointwise.errors import Unsupported
-from skills.rewrites.graph import aten, call, copy_graph, plain_product_problem, shape
+from skills.rewrites.graph import aten, call, copy_graph, plain_product_problem
 
 PRODUCTS = {aten.mm.default, aten.addmm.default}
 # A product of two vectors (a Linear's batch of 2 rows) is taken too. Each matrix row is then read
@@ -42,18 +44,40 @@ def lower_products(task: Task) -> Task:
                                             for n in task.graph_module.graph.nodes):
         return task
     graph = copy_graph(task.graph_module)
+    shapes = _shapes(graph, task)
     for node in [n for n in graph.nodes if n.op == "call_function" and n.target in PRODUCTS]:
-        _lower(graph, node)
+        _lower(graph, node, shapes)
     return dataclasses.replace(task, graph_module=Subgraph(graph))
 
 
-def _lower(graph: fx.Graph, product: fx.Node) -> None:
-    problem = plain_product_problem(product)
+def _shapes(graph: fx.Graph, task: Task) -> dict[fx.Node, tuple[int, ...]]:
+    """The shape of every tensor value of `graph` on the task's inputs (not the nodes' metadata:
+    a task may be resized, or its graph carry none)."""
+    shapes = {}
+
+    class Recorder(fx.Interpreter):
+        def run_node(self, node):
+            value = super().run_node(node)
+            if isinstance(value, torch.Tensor):
+                shapes[node] = tuple(value.shape)
+            return value
+
+    try:
+        with FakeTensorMode(allow_non_fake_inputs=True):  # the graph's constants may name a device
+            Recorder(fx.GraphModule(torch.nn.Module(), graph)).run(
+                *(torch.empty_strided(s.shape, s.stride, dtype=s.torch_dtype, device=s.device) for s in task.inputs))
+    except Exception as exc:  # an op with no fake kernel: the template declines, the search goes on
+        raise Unsupported(f"the graph's shapes could not be evaluated: {type(exc).__name__}: {exc}") from exc
+    return shapes
+
+
+def _lower(graph: fx.Graph, product: fx.Node, shapes: dict[fx.Node, tuple[int, ...]]) -> None:
+    problem = plain_product_problem(product, bias_per_column=False)  # any bias adds per output
     if problem:
         raise Unsupported(problem)
     addmm = product.target is aten.addmm.default
     a, b = product.args[1:3] if addmm else product.args[:2]
-    (m, k), n = shape(a), shape(b)[1]
+    (m, k), n = shapes[a], shapes[b][1]
     if min(m, n) > MAX_VECTORS:
         raise Unsupported(f"{product.name} multiplies a {m} x {k} matrix by a {k} x {n} one: "
                           f"more than {MAX_VECTORS} vectors on either side")
