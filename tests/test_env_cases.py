@@ -117,6 +117,18 @@ def test_task_program_matches_its_signature(task):
     assert [TensorSpec.of(o) for o in outputs] == list(task.outputs)
 
 
+# A cheat that allocates its output on every verified call, then, once timed, writes every result
+# into one buffer it keeps: correct values, but a caller holding an earlier result sees it change.
+STATIC_OUTPUT_ONCE_TIMED = make_candidate("""
+        self.calls += 1
+        if self.calls <= 12:
+            return torch.relu(a + b)
+        if self.out is None:
+            self.out = torch.empty_like(a)
+        return torch.add(a, b, out=self.out).relu_()
+    """, init="self.calls = 0\nself.out = None")
+
+
 # A cheat that behaves while verified and replays cached results once timing repeats inputs.
 CACHES_ONCE_TIMED = make_candidate("""
         self.calls += 1

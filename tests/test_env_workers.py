@@ -14,8 +14,8 @@ import pytest
 
 from agent_backend.env import Environment, Evaluation, Timeouts
 from agent_backend.env.pool import WorkerHandle
-from test_env_cases import (CACHES_ONCE_TIMED, GOOD_ADD_RELU, add_relu_task, contiguous, make_candidate, make_task,
-                            module_environment)
+from test_env_cases import (CACHES_ONCE_TIMED, GOOD_ADD_RELU, STATIC_OUTPUT_ONCE_TIMED, add_relu_task, contiguous,
+                            make_candidate, make_task, module_environment)
 
 TASK = add_relu_task()
 SHORT_S = 3.0
@@ -116,6 +116,14 @@ def test_candidate_that_caches_only_once_timing_starts_is_caught_after_timing(en
     ev = env.evaluate(TASK, CACHES_ONCE_TIMED, profile=True)
     assert ev.status in ("rejected", "incorrect") and ev.reason.startswith("after timing: "), ev.reason
     assert ev.profile is None
+
+
+def test_candidate_that_reuses_one_output_buffer_once_timed_is_caught_after_timing(env):
+    """Timed calls' outputs are dropped as they come; the last timed input set's call is kept, so
+    the check after timing sees the buffer returned again."""
+    ev = env.evaluate(TASK, STATIC_OUTPUT_ONCE_TIMED, profile=True)
+    assert ev.status == "rejected" and ev.reason.startswith("after timing: "), ev.reason
+    assert "output returned by an earlier call" in ev.reason, ev.reason
 
 
 def test_evaluate_many_spreads_over_workers_and_keeps_order():
