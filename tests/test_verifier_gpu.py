@@ -12,7 +12,8 @@ import dataclasses
 import pytest
 
 from agent_backend.env import Environment, Timeouts
-from test_env_cases import CACHES_ONCE_TIMED, add_relu_task, make_candidate, matmul_task, module_environment
+from test_env_cases import (CACHES_ONCE_TIMED, STATIC_OUTPUT_ONCE_TIMED, add_relu_task, make_candidate, matmul_task,
+                            module_environment)
 
 pytestmark = pytest.mark.gpu
 
@@ -334,6 +335,12 @@ def test_torch_compile_overhead_is_no_false_speedup(env, name, task, candidate):
 def test_candidate_that_caches_only_once_timing_starts_is_caught_after_timing(env):
     ev = env.evaluate(TASK, CACHES_ONCE_TIMED, profile=True)
     assert ev.status in ("rejected", "incorrect") and ev.reason.startswith("after timing: "), ev.reason
+
+
+def test_candidate_that_reuses_one_output_buffer_once_timed_is_caught_after_timing(env):
+    ev = env.evaluate(TASK, STATIC_OUTPUT_ONCE_TIMED, profile=True)
+    assert ev.status == "rejected" and ev.reason.startswith("after timing: "), ev.reason
+    assert "output returned by an earlier call" in ev.reason, ev.reason
 
 
 # ----------------------------------------------------------------------------- memory
