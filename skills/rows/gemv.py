@@ -18,11 +18,11 @@ import dataclasses
 
 import torch
 import torch.fx as fx
-from torch._subclasses.fake_tensor import FakeTensorMode
 
 from agent_backend.specs import Task
 from agent_backend.task import Subgraph
 from skills.pointwise.errors import Unsupported
+from skills.pointwise.plan import meta_result
 from skills.rewrites.graph import aten, call, copy_graph, plain_product_problem
 
 PRODUCTS = {aten.mm.default, aten.addmm.default}
@@ -44,31 +44,25 @@ def lower_products(task: Task) -> Task:
                                             for n in task.graph_module.graph.nodes):
         return task
     graph = copy_graph(task.graph_module)
-    shapes = _shapes(graph, task)
-    for node in [n for n in graph.nodes if n.op == "call_function" and n.target in PRODUCTS]:
+    products = [n for n in graph.nodes if n.op == "call_function" and n.target in PRODUCTS]
+    shapes = _shapes(graph, task, products[-1])
+    for node in products:
         _lower(graph, node, shapes)
     return dataclasses.replace(task, graph_module=Subgraph(graph))
 
 
-def _shapes(graph: fx.Graph, task: Task) -> dict[fx.Node, tuple[int, ...]]:
-    """The shape of every tensor value of `graph` on the task's inputs (not the nodes' metadata:
-    a task may be resized, or its graph carry none)."""
-    shapes = {}
-
-    class Recorder(fx.Interpreter):
-        def run_node(self, node):
-            value = super().run_node(node)
-            if isinstance(value, torch.Tensor):
-                shapes[node] = tuple(value.shape)
-            return value
-
-    try:
-        with FakeTensorMode(allow_non_fake_inputs=True):  # the graph's constants may name a device
-            Recorder(fx.GraphModule(torch.nn.Module(), graph)).run(
-                *(torch.empty_strided(s.shape, s.stride, dtype=s.torch_dtype, device=s.device) for s in task.inputs))
-    except Exception as exc:  # an op with no fake kernel: the template declines, the search goes on
-        raise Unsupported(f"the graph's shapes could not be evaluated: {type(exc).__name__}: {exc}") from exc
-    return shapes
+def _shapes(graph: fx.Graph, task: Task, last: fx.Node) -> dict[fx.Node, tuple[int, ...]]:
+    """The shape of every value up to `last`, on meta tensors of the task's inputs (not the
+    nodes' metadata: a task may be resized, or its graph carry none)."""
+    placeholders = [n for n in graph.nodes if n.op == "placeholder"]
+    metas = {p: torch.empty_strided(s.shape, s.stride, dtype=s.torch_dtype, device="meta")
+             for p, s in zip(placeholders, task.inputs)}
+    for node in graph.nodes:
+        if node.op == "call_function":
+            metas[node] = meta_result(node, metas)  # Unsupported where an op fails on meta tensors
+            if node is last:
+                break
+    return {node: tuple(meta.shape) for node, meta in metas.items()}
 
 
 def _lower(graph: fx.Graph, product: fx.Node, shapes: dict[fx.Node, tuple[int, ...]]) -> None:
