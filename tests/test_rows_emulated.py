@@ -17,7 +17,7 @@ from cuda_emulation import compiler, run
 from skills.rows.candidates import launch_arguments, launch_configs
 from skills.rows.codegen import Launch, kernel_source
 from skills.rows.plan import build_plan
-from test_rows_template import (BACKWARD, CASES, GEMV_CASES, Fn, _cross_entropy_tasks, assert_computes_the_task,
+from test_rows_template import (BACKWARD, CASES, GEMV_PARAMS, Fn, _cross_entropy_tasks, assert_computes_the_task,
                                 backward_tasks, case_task, cross_entropy_backward_task, gemv_task, resized, scan_task,
                                 traced_row_tasks)
 
@@ -46,8 +46,7 @@ def test_every_proposed_launch_computes_the_task(name, dtype, tmp_path):
                 _check(task, launch, tmp_path, plan=plan)
 
 
-@pytest.mark.parametrize("name", GEMV_CASES)
-@pytest.mark.parametrize("dtype", [f32, bf16])
+@pytest.mark.parametrize("name, dtype", GEMV_PARAMS)
 def test_every_matrix_vector_launch_computes_the_product(name, dtype, tmp_path):
     task = gemv_task(name, dtype)
     for launch in launch_configs(build_plan(task)):

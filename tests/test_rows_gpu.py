@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from agent_backend.env import Environment, Timeouts
 from agent_backend.specs import Task, random_inputs
 from skills.rows import propose
-from test_rows_template import (BACKWARD, CASES, GEMV_CASES, SCAN_CASES, Fn, assert_computes_the_task, backward_tasks,
+from test_rows_template import (BACKWARD, CASES, GEMV_PARAMS, SCAN_CASES, Fn, assert_computes_the_task, backward_tasks,
                                 cross_entropy_backward_task, gemv_task, resized, traced_row_tasks)
 
 pytestmark = pytest.mark.gpu
@@ -98,7 +98,7 @@ GEMV_SHAPES = [
 ]
 
 
-@pytest.mark.parametrize("name, dtype, shapes", [(n, dt, None) for n in GEMV_CASES for dt in (f32, bf16)]
+@pytest.mark.parametrize("name, dtype, shapes", [(n, dt, None) for n, dt in GEMV_PARAMS]
                          + GEMV_SHAPES, ids=lambda v: str(v))
 def test_matrix_vector_products(env, name, dtype, shapes):
     task = gemv_task(name, dtype, "cuda", tuple(map(tuple, shapes)) if shapes else None)

@@ -182,7 +182,12 @@ GEMV_CASES = {
     "linear_bias_relu_batch1": (lambda x, w, b: torch.relu(F.linear(x, w, b)), [(1, 1000), (37, 1000), (37,)]),
     "matrix_column": (lambda a, v: (a @ v) * 2, [(37, 1000), (1000, 1)]),
     "linear_batch2": (lambda x, w: F.linear(x, w), [(2, 1000), (37, 1000)]),  # a row an output, two a W row
+    "linear_bias_batch3": (lambda x, w, b: F.linear(x, w, b), [(3, 1000), (37, 1000), (37,)]),
+    "linear_batch8": (lambda x, w: F.linear(x, w), [(8, 1000), (37, 1000)]),
 }
+GEMV_BATCH = {"linear_batch2": 2, "linear_bias_batch3": 3, "linear_batch8": 8}  # rows of x; else 1
+# (case, dtype) the template takes: more than 2 vectors in fp32 only (gemv.MAX_VECTORS)
+GEMV_PARAMS = [(n, dt) for n in GEMV_CASES for dt in (f32, bf16) if dt == f32 or GEMV_BATCH.get(n, 1) <= 2]
 
 
 @functools.cache
@@ -329,19 +334,39 @@ def test_reductions_over_a_strided_dim_run_threads_across_rows():
     assert all(launch.threads <= 32 and launch.rows >= 32 for launch in launch_configs(plan))
 
 
-@pytest.mark.parametrize("name", GEMV_CASES)
-@pytest.mark.parametrize("dtype", [f32, bf16])
+@pytest.mark.parametrize("name, dtype", GEMV_PARAMS)
 def test_a_matrix_vector_product_is_planned_as_a_sum_over_k_per_output(name, dtype):
     """A row per output: W's row (Linear at batch 1) or the matrix's (times a column), read along
     its memory; the vector read by every row (its access strides 0 over them); a bias per row."""
     plan = build_plan(gemv_task(name, dtype))
-    pair = name == "linear_batch2"  # the rows of x inner, so that the two reading a W row are neighbours
-    assert (plan.outer, plan.inner, plan.along_rows) == ((37, 2) if pair else (37,), (1000,), True)
+    batch = GEMV_BATCH.get(name, 1)
+    # the rows of x inner, so that those reading a W row are neighbours (a thread takes them all: Launch.lanes)
+    assert (plan.outer, plan.inner, plan.along_rows) == ((37, batch) if batch > 1 else (37,), (1000,), True)
     assert len(plan.passes) == 1 and plan.stored == () and [o.per_row for o in plan.outputs] == [True]
-    vector_rows, matrix_rows = ((0, 1000), (1000, 0)) if pair else ((0,), (1000,))  # strides over the rows
+    vector_rows, matrix_rows = ((0, 1000), (1000, 0)) if batch > 1 else ((0,), (1000,))  # strides over the rows
     assert sorted(a.outer for a in plan.accesses if not a.per_row) == sorted([vector_rows, matrix_rows])
     assert all(a.inner == (1,) for a in plan.accesses if not a.per_row)
     assert propose(gemv_task(name, dtype))
+    assert [c.lanes for c in launch_configs(plan)][:1] == [batch]
+
+
+@pytest.mark.parametrize("name, dtype, lanes", [("linear_batch8", f32, 8), ("linear_batch2", bf16, 2)])
+def test_a_thread_takes_every_vector_of_a_matrix_row_and_loads_the_row_once(name, dtype, lanes):
+    """Linear at batch 8 (2 in bf16): each thread takes the rows (outputs) that read one W row
+    (Launch.lanes), loading each vector of the W row once and each x row's, as many partial sums,
+    combined and stored a row each. Offered first, beside the shapes that take a row a thread. At
+    batch 1 there is nothing to share; bf16 at batch 3 or more is left to cuBLAS."""
+    plan = build_plan(gemv_task(name, dtype))
+    configs = launch_configs(plan)
+    assert {c.lanes for c in configs} == {lanes, 1} and configs[0].lanes == lanes
+    source = kernel_source(plan, "k", configs[0])
+    matrix, vector = sorted(range(2), key=lambda k: plan.accesses[k].outer[-1])  # W steps 0 between the rows
+    assert source.count(f"l{matrix} = ") == 1 and source.count(f"l{vector}_w") == 2 * lanes  # declared, then read
+    assert [source.count(f"out0[out0_base + {w * 37}] = ") for w in range(lanes)] == [1] * lanes
+    assert re.search(rf"const idx_t row = .* \* {lanes};", source)  # the first of its rows
+    assert all(c.lanes == 1 for c in launch_configs(build_plan(gemv_task("linear_batch1", dtype))))
+    if dtype == bf16:
+        assert "more than 2 vectors on either side in torch.bfloat16" in supports(gemv_task("linear_batch8", bf16))
 
 
 def test_a_matrix_vector_plan_follows_a_resize():
@@ -349,13 +374,13 @@ def test_a_matrix_vector_plan_follows_a_resize():
     # the traced graph (and its metadata) say 1 row of x; the task now has 2 rows of x, then 3
     assert [s.shape for s in task.inputs] == [(37, 1000), (37,), (1, 1000)]  # W, the bias, x
     assert build_plan(resized(task, (37, 1000), (37,), (2, 1000))).outer == (37, 2)
-    assert "more than 2 vectors" in supports(resized(task, (37, 1000), (37,), (3, 1000)))
+    assert "more than 2 vectors" in supports(resized(task, (37, 1000), (37,), (3, 1000)))  # bf16
 
 
 def test_a_product_of_two_matrices_is_not_taken():
     (task,) = traced_row_tasks(Fn(lambda a, b: (a @ b) * 2), [_randn((37, 1000), f32, "cpu"),
-                                                              _randn((1000, 3), f32, "cpu", seed=1)], kind="matmul")
-    assert "a 37 x 1000 matrix by a 1000 x 3 one: more than 2 vectors on either side" in supports(_on_cuda(task))
+                                                              _randn((1000, 9), f32, "cpu", seed=1)], kind="matmul")
+    assert "a 37 x 1000 matrix by a 1000 x 9 one: more than 8 vectors on either side" in supports(_on_cuda(task))
 
 
 def test_few_long_rows_are_split_over_a_cooperative_grid():

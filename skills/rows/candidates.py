@@ -9,11 +9,12 @@ from agent_backend.specs import Candidate
 from skills.pointwise.errors import Unsupported
 
 from .codegen import (TYPICAL_SM_COUNT, WARP, Launch, blocks_per_sm, buffer_bytes, can_persist, can_prefetch,
-                      grid_blocks, is_vector_access, keeps_values, kernel_source, lanes, lanes_fit, shared_bytes,
-                      streamed_access, vectors_per_thread, workspace_bytes)
+                      grid_blocks, is_vector_access, keeps_values, kernel_source, lanes, lanes_fit, lanes_fit_along,
+                      shared_bytes, streamed_access, vectors_per_thread, workspace_bytes)
 from .plan import RowPlan
 
 REGISTER_WORDS = 32        # 32-bit registers a thread may spend on its part of the on-chip rows
+MAX_LANES = 8              # rows a thread takes along them at once (Launch.lanes): its sums and loads grow so
 SHARED_BYTES = 200 * 1024  # dynamic shared memory a block may spend on them (227 KB on sm_90)
 MAX_CLUSTER = 8            # the portable thread-block cluster size
 # A split row's blocks: 256 threads each, at most four an SM (half its threads), so that the
@@ -92,6 +93,7 @@ def launch_configs(plan: RowPlan) -> list[Launch]:
     """The launch shapes to try for `plan` (at most 6, and NO_L1_SHAPES of them again loading
     past L1 where that may pay), or Unsupported if none fits."""
     configs = _scan_rows(plan) if plan.scan else _along_rows(plan) if plan.along_rows else _across_rows(plan)
+    configs = _sharing_lanes(plan, configs) + configs
     unique = list(dict.fromkeys(configs))[:6]
     if not unique:
         raise Unsupported(f"rows of {plan.row_length} elements do not fit on chip "
@@ -102,6 +104,17 @@ def launch_configs(plan: RowPlan) -> list[Launch]:
     # not prefetching ones (their rows come by cp.async)
     twinned = [c for c in unique if grid_blocks(plan, c) >= TYPICAL_SM_COUNT and not c.prefetch][:NO_L1_SHAPES]
     return [t for c in unique for t in ((c, dataclasses.replace(c, no_l1=True)) if c in twinned else (c,))]
+
+
+def _sharing_lanes(plan: RowPlan, configs: list[Launch]) -> list[Launch]:
+    """Along rows, `configs` (whole rows a block) with each thread taking all of a run of up to
+    MAX_LANES rows that read one vector alike (a matrix-vector product's rows for each vector, W's
+    row read once for all of them: lanes_fit_along), where the plan has such runs."""
+    lanes = plan.outer[-1] if plan.along_rows and plan.outer else 1
+    if not 1 < lanes <= MAX_LANES or not lanes_fit_along(plan, lanes):
+        return []
+    return [dataclasses.replace(c, lanes=lanes) for c in configs
+            if c.blocks_per_row == 1 and not (c.prefetch or c.persistent)]
 
 
 def _may_skip_l1(plan: RowPlan) -> bool:
@@ -318,7 +331,7 @@ def tag(plan: RowPlan, launch: Launch) -> str:
         return (f"y{launch.threads}r{launch.rows}" + (f"w{launch.width}" if launch.width > 1 else "")
                 + (f"g{launch.split}" if launch.split > 1 else "") + ("n" if launch.no_l1 else "")
                 + ("o" if plan.online else ""))
-    return (f"t{launch.threads}r{launch.rows}v{launch.width}"
+    return (f"t{launch.threads}r{launch.rows}v{launch.width}" + (f"l{launch.lanes}" if launch.lanes > 1 else "")
             + ("s" if launch.storage == "shared" and plan.stored else "")
             + (f"c{launch.cluster}" if launch.cluster > 1 else "") + (f"g{launch.split}" if launch.split > 1 else "")
             + ("p" if launch.prefetch else "") + ("P" if launch.persistent else "") + ("n" if launch.no_l1 else "")

@@ -147,6 +147,7 @@ class Launch:
     prefetch: bool = False  # one block an SM, looping over rows, loading the next into shared memory meanwhile
     no_l1: bool = False     # streamed inputs loaded without a place in L1 (streamed_access, STREAM_LOAD_FUNCTION)
     persistent: bool = False  # clusters looping over rows, each storing a row while loading the next (can_persist)
+    lanes: int = 1          # along rows: consecutive rows a thread takes at once (lanes_fit_along), sharing loads
 
     @property
     def block(self) -> int:
@@ -164,8 +165,9 @@ def along_width(plan: RowPlan, launch: Launch) -> int:
 
 
 def lanes(plan: RowPlan, launch: Launch) -> int:
-    """Consecutive rows a thread takes (across rows), reading each element of all of them at once."""
-    return 1 if plan.along_rows else launch.width
+    """Consecutive rows a thread takes: across rows, reading each element of all of them at once;
+    along rows, reading once each vector that all of them read (Launch.lanes)."""
+    return launch.lanes if plan.along_rows else launch.width
 
 
 def slice_vectors(plan: RowPlan, launch: Launch) -> int:
@@ -268,6 +270,21 @@ def lanes_fit(plan: RowPlan, width: int) -> bool:
             and not any(_COORDINATE.search(line) or _ROW.search(line) for line in lines))
 
 
+def lanes_fit_along(plan: RowPlan, lanes: int) -> bool:
+    """Along rows, whether a thread may take `lanes` consecutive rows at once (Launch.lanes): rows
+    that differ in the last outer coordinate only (of which lanes divides the size), some element
+    access the same for all of them (read once: a matrix-vector product's matrix row, for each
+    vector), nothing held on chip or written per element, no row coordinate in the rows' values."""
+    if not plan.along_rows or not plan.outer or lanes == 1:
+        return lanes == 1
+    lines = list(plan.prelude) + [line for p in plan.passes for line in p.body + p.after]
+    lines += [o.value for o in plan.outputs]
+    return (not plan.stored and not plan.scan and all(o.per_row for o in plan.outputs)
+            and plan.outer[-1] % lanes == 0
+            and any(a.outer[-1] == 0 and not a.per_row for a in plan.accesses)
+            and not any(_COORDINATE.search(line) or _ROW.search(line) for line in lines))
+
+
 def streamed_access(plan: RowPlan, k: int) -> bool:
     """Whether each element access k reads belongs to one row only: it steps along every outer
     dim of more than one row (a LayerNorm's weight, read by every row, does not)."""
@@ -297,6 +314,10 @@ class _Writer:
             raise ValueError("a scan streams its rows, each within one block")
         if launch.prefetch and not can_prefetch(plan, launch):
             raise ValueError("a prefetching block holds one row along it in registers, 16-byte vectors")
+        if plan.along_rows and not lanes_fit_along(plan, launch.lanes):
+            raise ValueError(f"a thread cannot take {launch.lanes} rows of this plan at once")
+        if launch.lanes > 1 and (launch.blocks_per_row > 1 or launch.prefetch or launch.persistent):
+            raise ValueError("a thread takes several rows only where each block takes whole rows")
         if launch.persistent and not can_persist(plan, launch):
             raise ValueError("a persistent cluster holds a row along it in registers and stores its every element")
         self.plan, self.launch = plan, launch
@@ -447,10 +468,12 @@ extern "C" __global__ void __launch_bounds__({self._bounds()}) {name}({", ".join
             lines = ["const int t = threadIdx.y;", "const int slot = threadIdx.x;", f"const idx_t row = {first};"]
         elif self.R == 1:
             lines = ["const int t = threadIdx.x;", "const int slot = 0;",
-                     f"const idx_t row = (idx_t)blockIdx.x{f' / {self.B}' if self.B > 1 else ''};"]
+                     f"const idx_t row = (idx_t)blockIdx.x{f' / {self.B}' if self.B > 1 else ''}"
+                     f"{f' * {self.L}' if self.L > 1 else ''};"]
         else:
+            first = f"(idx_t)blockIdx.x * {self.R} + slot"
             lines = [f"const int t = threadIdx.x % {self.T};", f"const int slot = threadIdx.x / {self.T};",
-                     f"const idx_t row = (idx_t)blockIdx.x * {self.R} + slot;"]
+                     f"const idx_t row = {f'({first}) * {self.L}' if self.L > 1 else first};"]
         if self.C > 1:
             lines += self._cluster_slice()
         if self.S > 1:
@@ -484,8 +507,8 @@ extern "C" __global__ void __launch_bounds__({self._bounds()}) {name}({", ".join
         for k, a in enumerate(self.plan.accesses):
             if a.per_row:
                 info = operand_info(self.plan.inputs[a.input].torch_dtype)
-                for w in range(self.L):  # lane w's row is w elements on where the access steps by rows
-                    at = f"a{k}_base + {w}" if self.L > 1 and a.outer[-1] else f"a{k}_base"
+                for w in range(self.L):  # lane w's row is w rows on (a step of the last outer dim)
+                    at = f"a{k}_base + {w * a.outer[-1]}" if self.L > 1 and a.outer[-1] else f"a{k}_base"
                     value = info.load.format(f"in{a.input}[{at}]")
                     lines += self._in_lane([f"const {info.ctype} a{k} = row_ok ? {value} : ({info.ctype})0;"], w)
         return lines
@@ -601,15 +624,35 @@ extern "C" __global__ void __launch_bounds__({self._bounds()}) {name}({", ".join
                 work = replace(work, reads=work.reusing.reads, body=takes + work.reusing.body)
         reads = [f"const {self._buffer_type(k)} l{k} = {self._global_read(k)};"
                  for k in work.reads if k not in self.plan.stored]
-        if self.L > 1:  # each of the thread's rows: its lane of each vector read across them
+        if self.L > 1 and not self.plan.along_rows:  # each of the thread's rows: its lane of each vector across them
             return self._loop(reads + [line for w in range(self.L) for line in self._in_lane(
                 self._element_values(work.reads, lambda k: self._lane_of(k, w)) + list(work.body)
                 + list(per_element_end), w)])
+        if self.L > 1:
+            return self._loop(self._lane_sweep(work, per_element_end, before, per_vector_end))
         elements = self._element_values(work.reads, lambda k: self._buffer(k) if k in self.plan.stored else f"l{k}")
         inner = elements + list(work.body) + list(per_element_end)
         body = (reads + list(before) + ["#pragma unroll", f"for (int v = 0; v < {self.V}; ++v) {{"]
                 + ["  " + line for line in inner] + ["}"] + list(per_vector_end))
         return self._loop(body)
+
+    def _lane_sweep(self, work: Pass, per_element_end, before, per_vector_end) -> list[str]:
+        """_sweep's body where a thread takes L rows along them (Launch.lanes): each vector an
+        access reads for all of them (its step between them 0) loaded once, the others once a row
+        (l<k>_w<w>), then each row's elements, work and partials, its names renamed (_in_lane)."""
+        shared = [k for k in work.reads if self.plan.accesses[k].outer[-1] == 0]
+        reads = [f"const {self._buffer_type(k)} l{k} = {self._global_read(k)};" for k in shared]
+        for w in range(self.L):
+            for k in work.reads:
+                if k not in shared:
+                    step = w * self.plan.accesses[k].outer[-1]
+                    read = self._global_read(k).replace(f"a{k}_base", f"(a{k}_base + {step})")
+                    reads.append(f"const {self._buffer_type(k)} l{k}_w{w} = {read};")
+        inner = [line for w in range(self.L) for line in self._in_lane(
+            self._element_values(work.reads, lambda k: f"l{k}" if k in shared else f"l{k}_w{w}")
+            + list(work.body) + list(per_element_end), w)]
+        return (reads + self._lanes(list(before)) + ["#pragma unroll", f"for (int v = 0; v < {self.V}; ++v) {{"]
+                + ["  " + line for line in inner] + ["}"] + self._lanes(list(per_vector_end)))
 
     def _lane_of(self, k: int, w: int) -> str:
         """Access k's element in the thread's row w: lane w of the vector l<k> read across the rows,
@@ -649,7 +692,7 @@ extern "C" __global__ void __launch_bounds__({self._bounds()}) {name}({", ".join
         partials = work.partials
         if not self.plan.along_rows:
             return self._combine_across_rows(work) + (self._through_global(partials, work) if self.S > 1 else [])
-        lines = self._combine_in_block(partials)
+        lines = self._lanes(self._combine_in_block(partials))
         if self.C > 1:  # then the blocks of a cluster, through distributed shared memory
             # persistent: two slots, so that no block writes a row's partial where another may
             # still read the last row's (it reads it before the barrier the next write follows)
@@ -873,8 +916,8 @@ extern "C" __global__ void __launch_bounds__({self._bounds()}) {name}({", ".join
         for k, o in enumerate(self.plan.outputs):
             if o.per_row:
                 info = dtype_info(o.spec.torch_dtype)
-                for w in range(self.L):  # lane w's output is w elements on (lanes_fit: its step by rows is 1)
-                    at = f"out{k}_base + {w}" if self.L > 1 else f"out{k}_base"
+                for w in range(self.L):  # lane w's output is w rows on (a step of the last outer dim)
+                    at = f"out{k}_base + {w * o.outer[-1]}" if self.L > 1 else f"out{k}_base"
                     stores += self._in_lane([f"out{k}[{at}] = {info.store.format(o.value)};"], w)
         if not stores:
             return []
@@ -885,7 +928,8 @@ extern "C" __global__ void __launch_bounds__({self._bounds()}) {name}({", ".join
 
 # A row's values in the kernel (accesses' values, computed values, accumulators, their shared and
 # workspace slots) and its index: what a thread taking several rows keeps once for each.
-_LANE_LOCAL = re.compile(r"\b((?:a|v|acc|red|ws|rcp)\d+)\b")
+# (acc<k>_v, _y, _from: a vector's staged sum, an online sum's vector and its max before it)
+_LANE_LOCAL = re.compile(r"\b((?:a|v|acc|red|fin|ws|rcp)\d+(?:_v|_y|_from)?)\b")
 _ROW = re.compile(r"\brow\b")
 
 

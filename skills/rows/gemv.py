@@ -1,9 +1,11 @@
 """A matrix-vector product as the row reduction it is. out[m, n] = sum_k a[m, k] b[k, n], so an
 mm or addmm whose left operand has one row (nn.Linear at batch 1: x @ W.t()) or whose right
-operand has one column (A @ v), or two (MAX_VECTORS), is a product broadcast over (m, k, n) and
+operand has one column (A @ v), or a few (MAX_VECTORS), is a product broadcast over (m, k, n) and
 summed over k. The rows plan then reads the matrix once, with one output per row. Every row
 reads the vector (it is served from L1 and L2), and the bias and any epilogue become per-row
-values.
+values. Where there are several vectors, the rows reading one matrix row are neighbours, and a
+thread takes them all at once (codegen's Launch.lanes): the matrix row's vector loaded once, each
+vector's, and as many sums.
 
 Products and sums stay in fp32 (the plan rounds only where an output is stored), as cuBLAS
 computes half-precision GEMMs, and the sum accumulates in double across each thread's vectors.
@@ -26,15 +28,17 @@ from skills.pointwise.plan import meta_result
 from skills.rewrites.graph import aten, call, copy_graph, plain_product_problem
 
 PRODUCTS = {aten.mm.default, aten.addmm.default}
-# A product of two vectors (a Linear's batch of 2 rows) is taken too. Each matrix row is then read
-# by two of the plan's rows, which the plan puts next to each other, so the second read comes from
-# L2. On an H200 (2026-11-27, benchmarks/results/skinny_linear-h200-...), x @ W.t() against cuBLAS
-# with W 14336 x 4096:
-# - fp32: 2 rows of x 77.4 us against 92.5; 4 rows 110.8 against 97.5;
-# - bf16: 2 rows 45.9 against 40.7.
-# Time grows with the rows of x, as the rereads come from L2; a kernel taking every vector's
-# product from one load of the matrix is what more would need.
-MAX_VECTORS = 2
+# Products of a few vectors (a Linear's batch of a few rows), by dtype. x @ W.t() with W 14336 x
+# 4096 against cuBLAS, do_bench (benchmarks/skinny_linear.py):
+# - rows of x read by threads of their own, each rereading W's row from L2 (an H200, 2026-11-27,
+#   skinny_linear-h200-...-thirtyfirst): fp32 2 rows 77.4 us against 92.5, 4 rows 110.8 against
+#   97.5; bf16 2 rows 45.9 against 40.7;
+# - a thread taking every row of x (an H100, 2026-11-27, skinny_linear-h100-...-thirtysecond):
+#   fp32 4 rows 97.4 us against 115.2, 8 rows 131.0 against 148.1; bf16 2 rows 50.9 against 54.2,
+#   4 rows 63.0 against 54.0, 8 rows 95.6 against 54.6 (each row of x's elements converted from
+#   bf16 for every W row: more instructions than W's read allows).
+MAX_VECTORS = {torch.float32: 8}
+MAX_HALF_VECTORS = 2  # fp16 / bf16
 
 
 def lower_products(task: Task) -> Task:
@@ -45,14 +49,14 @@ def lower_products(task: Task) -> Task:
         return task
     graph = copy_graph(task.graph_module)
     products = [n for n in graph.nodes if n.op == "call_function" and n.target in PRODUCTS]
-    shapes = _shapes(graph, task, products[-1])
+    metas = _metas(graph, task, products[-1])
     for node in products:
-        _lower(graph, node, shapes)
+        _lower(graph, node, metas)
     return dataclasses.replace(task, graph_module=Subgraph(graph))
 
 
-def _shapes(graph: fx.Graph, task: Task, last: fx.Node) -> dict[fx.Node, tuple[int, ...]]:
-    """The shape of every value up to `last`, on meta tensors of the task's inputs (not the
+def _metas(graph: fx.Graph, task: Task, last: fx.Node) -> dict[fx.Node, torch.Tensor]:
+    """Every value up to `last` as a meta tensor, from meta tensors of the task's inputs (not the
     nodes' metadata: a task may be resized, or its graph carry none)."""
     placeholders = [n for n in graph.nodes if n.op == "placeholder"]
     metas = {p: torch.empty_strided(s.shape, s.stride, dtype=s.torch_dtype, device="meta")
@@ -62,19 +66,20 @@ def _shapes(graph: fx.Graph, task: Task, last: fx.Node) -> dict[fx.Node, tuple[i
             metas[node] = meta_result(node, metas)  # Unsupported where an op fails on meta tensors
             if node is last:
                 break
-    return {node: tuple(meta.shape) for node, meta in metas.items()}
+    return metas
 
 
-def _lower(graph: fx.Graph, product: fx.Node, shapes: dict[fx.Node, tuple[int, ...]]) -> None:
+def _lower(graph: fx.Graph, product: fx.Node, metas: dict[fx.Node, torch.Tensor]) -> None:
     problem = plain_product_problem(product, bias_per_column=False)  # any bias adds per output
     if problem:
         raise Unsupported(problem)
     addmm = product.target is aten.addmm.default
     a, b = product.args[1:3] if addmm else product.args[:2]
-    (m, k), n = shapes[a], shapes[b][1]
-    if min(m, n) > MAX_VECTORS:
+    (m, k), n = metas[a].shape, metas[b].shape[1]
+    most = MAX_VECTORS.get(metas[product].dtype, MAX_HALF_VECTORS)
+    if min(m, n) > most:
         raise Unsupported(f"{product.name} multiplies a {m} x {k} matrix by a {k} x {n} one: "
-                          f"more than {MAX_VECTORS} vectors on either side")
+                          f"more than {most} vectors on either side in {metas[product].dtype}")
     with graph.inserting_before(product):
         terms = call(graph, aten.mul.Tensor, call(graph, aten.unsqueeze.default, a, 2),
                      call(graph, aten.unsqueeze.default, b, 0))
