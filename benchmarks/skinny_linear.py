@@ -1,12 +1,14 @@
 """nn.Linear's product at a few rows of input (x @ W.t(), x of M rows), as the backend's pass
 claims it (one task of kind "matmul"), the rows template's every launch (skills/rows/gemv.py: the
-product summed over k, a row per output, the rows sharing a weight row next to each other) against
+product summed over k, a row per output, the rows sharing a weight row next to each other, one
+thread taking them all where a launch's tag says l<rows>) against
 cuBLAS (F.linear), Inductor's compile of it, and a copy of the weight: triton do_bench, least of 3
 interleaved rounds.
 
     python benchmarks/skinny_linear.py M:N:K:DTYPE..    # e.g. 1:14336:4096:bf16 8:14336:4096:fp32
 
-On an H200 (2026-11-27): benchmarks/results/skinny_linear-h200-torch2.11-2026-11-27-thirtyfirst.txt.
+On an H200 (2026-11-27): benchmarks/results/skinny_linear-h200-torch2.11-2026-11-27-thirtyfirst.txt
+(a thread a row); on an H100, with a thread taking every row of x: ...-h100-...-thirtysecond.txt.
 """
 from __future__ import annotations
 

@@ -167,6 +167,9 @@ PROBLEMS = [
     # times a column
     Problem("gemv_linear", 1, LinearOfInputs, lambda d: [torch.randn(1, d.k), torch.randn(d.n, d.k)],
             {"k": 4096, "n": 14336}, {"k": 16, "n": 8}, group="single-op", floor_bytes=io_bytes),
+    # a decoding step's batch of 8 through a 4096 -> 14336 projection: each weight row read once for all 8
+    Problem("skinny_linear", 1, LinearOfInputs, lambda d: [torch.randn(d.m, d.k), torch.randn(d.n, d.k)],
+            {"m": 8, "k": 4096, "n": 14336}, {"m": 4, "k": 16, "n": 8}, group="single-op", floor_bytes=io_bytes),
     Problem("matrix_vector", 1, MatMul, lambda d: [torch.randn(d.m, d.k), torch.randn(d.k, 1)],
             {"m": 8192, "k": 8192}, {"m": 8, "k": 16}, group="single-op", floor_bytes=io_bytes),
     Problem("matmul", 1, MatMul, lambda d: [torch.randn(d.m, d.k), torch.randn(d.k, d.n)],
