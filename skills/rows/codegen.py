@@ -273,15 +273,18 @@ def lanes_fit(plan: RowPlan, width: int) -> bool:
 def lanes_fit_along(plan: RowPlan, lanes: int) -> bool:
     """Along rows, whether a thread may take `lanes` consecutive rows at once (Launch.lanes): rows
     that differ in the last outer coordinate only (of which lanes divides the size), some element
-    access the same for all of them (read once: a matrix-vector product's matrix row, for each
-    vector), nothing held on chip or written per element, no row coordinate in the rows' values."""
+    access the same for all of them but not for other rows (read once: a matrix-vector product's
+    matrix row, for each vector; not a weight every row reads), nothing held on chip or written per
+    element, no row coordinate in the rows' values."""
     if not plan.along_rows or not plan.outer or lanes == 1:
         return lanes == 1
     lines = list(plan.prelude) + [line for p in plan.passes for line in p.body + p.after]
     lines += [o.value for o in plan.outputs]
+    others = [(size, k) for k, size in enumerate(plan.outer[:-1]) if size > 1]
+    shared = [a for a in plan.accesses if not a.per_row and a.outer[-1] == 0
+              and others and all(a.outer[k] != 0 for _, k in others)]
     return (not plan.stored and not plan.scan and all(o.per_row for o in plan.outputs)
-            and plan.outer[-1] % lanes == 0
-            and any(a.outer[-1] == 0 and not a.per_row for a in plan.accesses)
+            and plan.outer[-1] % lanes == 0 and bool(shared)
             and not any(_COORDINATE.search(line) or _ROW.search(line) for line in lines))
 
 
