@@ -10,7 +10,10 @@ copy; inputs read by one pass only are read from global memory there. After each
 partial results are combined across the row's threads: warp shuffles, then shared memory across
 the warps of a row, then distributed shared memory across the blocks of a cluster, or global
 memory (a workspace the launch op allocates) and grid.sync() across the blocks of a split row;
-every thread combines in the same order, so all hold the same per-row values.
+every thread combines in the same order, so all hold the same per-row values. A thread may also
+take `lanes` consecutive whole rows that read one input alike (a matrix-vector product's outputs
+for each vector, which read one matrix row: lanes_fit_along): that input's vector is loaded once
+for all of them, each row's own inputs and sums are its own (names suffixed _w0, _w1, ...).
 
 Plans whose rows are not contiguous but whose consecutive rows are (a reduction over dim 1 of
 (B, C, L), or over the rows of a matrix: a column sum) get the "across rows" kernel: a block of
