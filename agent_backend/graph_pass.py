@@ -12,6 +12,8 @@ import torch.fx as fx
 from torch._inductor.custom_graph_pass import CustomGraphPass
 from torch._inductor.pattern_matcher import stable_topological_sort
 
+from skills.rows.gemv import most_vectors
+
 from . import inline, runtime
 from .partition import Group, partition
 from .specs import Task
@@ -140,9 +142,11 @@ def worth_a_search(group: Group, min_ops: int) -> bool:
 
 
 def _matrix_vector(node: fx.Node) -> bool:
-    """An mm or addmm of one output row or column: a matrix times a vector."""
+    """An mm or addmm of as few output rows or columns as the rows template takes: a matrix times
+    a vector, or a few (skills/rows/gemv.py: up to 8 in fp32, 2 in fp16/bf16)."""
     value = node.meta.get("val")
-    return node.target in MATRIX_VECTOR_OPS and value is not None and 1 in tuple(value.shape)
+    return (node.target in MATRIX_VECTOR_OPS and isinstance(value, torch.Tensor) and value.dim() == 2
+            and min(value.shape) <= most_vectors(value.dtype))
 
 
 class SubgraphPass(CustomGraphPass):

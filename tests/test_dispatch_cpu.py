@@ -428,13 +428,16 @@ def test_a_reduction_or_gemv_alone_is_searched_a_pointwise_op_alone_is_not(fn, k
     assert [t.kind for t in tasks] == kinds
 
 
-@pytest.mark.parametrize("columns, kinds", [(1, ["matmul"]), (3, [])])
-def test_a_product_alone_is_searched_where_it_is_a_matrix_times_a_column(columns, kinds):
-    """KernelBench's matrix-vector problem, torch.matmul(A, B) of a one-column B, is a single mm."""
+@pytest.mark.parametrize("columns, dtype, kinds", [(1, torch.float32, ["matmul"]), (8, torch.float32, ["matmul"]),
+                                                   (9, torch.float32, []), (2, torch.bfloat16, ["matmul"]),
+                                                   (3, torch.bfloat16, [])])
+def test_a_product_alone_is_searched_where_it_is_a_matrix_times_a_few_columns(columns, dtype, kinds):
+    """KernelBench's matrix-vector problem, torch.matmul(A, B) of a one-column B, is a single mm;
+    so is one of a few columns, as many as the rows template takes (gemv.most_vectors)."""
     class Product(nn.Module):
         def forward(self, a, b):
             return torch.matmul(a, b)
 
-    tasks = collect_tasks(Product(), [torch.randn(64, 512), torch.randn(512, columns)], backward=False,
-                          min_ops=resolve({}).min_ops)
+    tasks = collect_tasks(Product(), [torch.randn(64, 512, dtype=dtype), torch.randn(512, columns, dtype=dtype)],
+                          backward=False, min_ops=resolve({}).min_ops)
     assert [t.kind for t in tasks] == kinds

@@ -41,6 +41,11 @@ MAX_VECTORS = {torch.float32: 8}
 MAX_HALF_VECTORS = 2  # fp16 / bf16
 
 
+def most_vectors(dtype: torch.dtype) -> int:
+    """The most vectors (rows of the left operand, or columns of the right) a product of `dtype` may have."""
+    return MAX_VECTORS.get(dtype, MAX_HALF_VECTORS)
+
+
 def lower_products(task: Task) -> Task:
     """`task` with each mm/addmm written as a broadcast product summed over k, or `task` itself
     where it has none. Unsupported where one multiplies more than MAX_VECTORS vectors."""
@@ -76,7 +81,7 @@ def _lower(graph: fx.Graph, product: fx.Node, metas: dict[fx.Node, torch.Tensor]
     addmm = product.target is aten.addmm.default
     a, b = product.args[1:3] if addmm else product.args[:2]
     (m, k), n = metas[a].shape, metas[b].shape[1]
-    most = MAX_VECTORS.get(metas[product].dtype, MAX_HALF_VECTORS)
+    most = most_vectors(metas[product].dtype)
     if min(m, n) > most:
         raise Unsupported(f"{product.name} multiplies a {m} x {k} matrix by a {k} x {n} one: "
                           f"more than {most} vectors on either side in {metas[product].dtype}")
