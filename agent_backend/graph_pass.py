@@ -12,14 +12,12 @@ import torch.fx as fx
 from torch._inductor.custom_graph_pass import CustomGraphPass
 from torch._inductor.pattern_matcher import stable_topological_sort
 
-from skills.rows.gemv import most_vectors
+from skills.rows.gemv import PRODUCTS, most_vectors
 
 from . import inline, runtime
 from .partition import Group, partition
 from .specs import Task
 from .task import UnsupportedGroup, boundary, extract_task
-
-MATRIX_VECTOR_OPS = (torch.ops.aten.mm.default, torch.ops.aten.addmm.default)
 
 log = logging.getLogger("cuda_agent")
 
@@ -145,7 +143,7 @@ def _matrix_vector(node: fx.Node) -> bool:
     """An mm or addmm of as few output rows or columns as the rows template takes: a matrix times
     a vector, or a few (skills/rows/gemv.py: up to 8 in fp32, 2 in fp16/bf16)."""
     value = node.meta.get("val")
-    return (node.target in MATRIX_VECTOR_OPS and isinstance(value, torch.Tensor) and value.dim() == 2
+    return (node.target in PRODUCTS and isinstance(value, torch.Tensor) and value.dim() == 2
             and min(value.shape) <= most_vectors(value.dtype))
 
 

@@ -263,13 +263,18 @@ def lanes_fit(plan: RowPlan, width: int) -> bool:
     if plan.along_rows or not plan.outer:
         return False
     steps = [(a.outer, a.inner) for a in plan.accesses] + [(o.outer, o.inner) for o in plan.outputs]
+    return (_rows_alike(plan) and plan.outer[-1] % width == 0
+            and all(outer[-1] in (0, 1) and all(st % width == 0 for st in outer[:-1] + inner)
+                    for outer, inner in steps)
+            and all(o.outer[-1] == 1 for o in plan.outputs))
+
+
+def _rows_alike(plan: RowPlan) -> bool:
+    """What a thread taking several rows at once needs of any plan: nothing held on chip or
+    written per element, no scan, and no row coordinate in the rows' values."""
     lines = list(plan.prelude) + [line for p in plan.passes for line in p.body + p.after]
     lines += [o.value for o in plan.outputs]
     return (not plan.stored and not plan.scan and all(o.per_row for o in plan.outputs)
-            and plan.outer[-1] % width == 0
-            and all(outer[-1] in (0, 1) and all(st % width == 0 for st in outer[:-1] + inner)
-                    for outer, inner in steps)
-            and all(o.outer[-1] == 1 for o in plan.outputs)
             and not any(_COORDINATE.search(line) or _ROW.search(line) for line in lines))
 
 
@@ -281,14 +286,10 @@ def lanes_fit_along(plan: RowPlan, lanes: int) -> bool:
     element, no row coordinate in the rows' values."""
     if not plan.along_rows or not plan.outer or lanes == 1:
         return lanes == 1
-    lines = list(plan.prelude) + [line for p in plan.passes for line in p.body + p.after]
-    lines += [o.value for o in plan.outputs]
-    others = [(size, k) for k, size in enumerate(plan.outer[:-1]) if size > 1]
+    others = [k for k, size in enumerate(plan.outer[:-1]) if size > 1]
     shared = [a for a in plan.accesses if not a.per_row and a.outer[-1] == 0
-              and others and all(a.outer[k] != 0 for _, k in others)]
-    return (not plan.stored and not plan.scan and all(o.per_row for o in plan.outputs)
-            and plan.outer[-1] % lanes == 0 and bool(shared)
-            and not any(_COORDINATE.search(line) or _ROW.search(line) for line in lines))
+              and others and all(a.outer[k] != 0 for k in others)]
+    return _rows_alike(plan) and plan.outer[-1] % lanes == 0 and bool(shared)
 
 
 def streamed_access(plan: RowPlan, k: int) -> bool:
@@ -628,37 +629,32 @@ extern "C" __global__ void __launch_bounds__({self._bounds()}) {name}({", ".join
             if work.reusing:
                 takes = tuple(f"const {ctype} {var} = {KEPT}{var}[e][v];" for ctype, var in work.reusing.takes)
                 work = replace(work, reads=work.reusing.reads, body=takes + work.reusing.body)
-        reads = [f"const {self._buffer_type(k)} l{k} = {self._global_read(k)};"
-                 for k in work.reads if k not in self.plan.stored]
         if self.L > 1 and not self.plan.along_rows:  # each of the thread's rows: its lane of each vector across them
+            reads = [f"const {self._buffer_type(k)} l{k} = {self._global_read(k)};"
+                     for k in work.reads if k not in self.plan.stored]
             return self._loop(reads + [line for w in range(self.L) for line in self._in_lane(
                 self._element_values(work.reads, lambda k: self._lane_of(k, w)) + list(work.body)
                 + list(per_element_end), w)])
-        if self.L > 1:
-            return self._loop(self._lane_sweep(work, per_element_end, before, per_vector_end))
-        elements = self._element_values(work.reads, lambda k: self._buffer(k) if k in self.plan.stored else f"l{k}")
-        inner = elements + list(work.body) + list(per_element_end)
-        body = (reads + list(before) + ["#pragma unroll", f"for (int v = 0; v < {self.V}; ++v) {{"]
-                + ["  " + line for line in inner] + ["}"] + list(per_vector_end))
-        return self._loop(body)
-
-    def _lane_sweep(self, work: Pass, per_element_end, before, per_vector_end) -> list[str]:
-        """_sweep's body where a thread takes L rows along them (Launch.lanes): each vector an
-        access reads for all of them (its step between them 0) loaded once, the others once a row
-        (l<k>_w<w>), then each row's elements, work and partials, its names renamed (_in_lane)."""
-        shared = [k for k in work.reads if self.plan.accesses[k].outer[-1] == 0]
-        reads = [f"const {self._buffer_type(k)} l{k} = {self._global_read(k)};" for k in shared]
+        # along rows: each vector an access reads for all of the thread's rows (one row, or
+        # Launch.lanes rows where its step between them is 0) loaded once, the others once a row
+        # (l<k>_w<w>), then each row's elements, work and partials, its names renamed (_in_lane)
+        once = [k for k in work.reads if k not in self.plan.stored
+                and (self.L == 1 or self.plan.accesses[k].outer[-1] == 0)]
+        reads = [f"const {self._buffer_type(k)} l{k} = {self._global_read(k)};" for k in once]
         for w in range(self.L):
             for k in work.reads:
-                if k not in shared:
+                if k not in once and k not in self.plan.stored:
                     step = w * self.plan.accesses[k].outer[-1]
                     read = self._global_read(k).replace(f"a{k}_base", f"(a{k}_base + {step})")
                     reads.append(f"const {self._buffer_type(k)} l{k}_w{w} = {read};")
+        def holder(k: int, w: int) -> str:
+            return self._buffer(k) if k in self.plan.stored else f"l{k}" if k in once else f"l{k}_w{w}"
         inner = [line for w in range(self.L) for line in self._in_lane(
-            self._element_values(work.reads, lambda k: f"l{k}" if k in shared else f"l{k}_w{w}")
-            + list(work.body) + list(per_element_end), w)]
-        return (reads + self._lanes(list(before)) + ["#pragma unroll", f"for (int v = 0; v < {self.V}; ++v) {{"]
+            self._element_values(work.reads, lambda k: holder(k, w)) + list(work.body) + list(per_element_end), w)]
+        body = (reads + self._lanes(list(before))
+                + ["#pragma unroll", f"for (int v = 0; v < {self.V}; ++v) {{"]
                 + ["  " + line for line in inner] + ["}"] + self._lanes(list(per_vector_end)))
+        return self._loop(body)
 
     def _lane_of(self, k: int, w: int) -> str:
         """Access k's element in the thread's row w: lane w of the vector l<k> read across the rows,
