@@ -1,9 +1,10 @@
 """nn.Linear's product at a few rows of input (x @ W.t(), x of M rows), as the backend's pass
 claims it (one task of kind "matmul"), the rows template's every launch (skills/rows/gemv.py: the
 product summed over k, a row per output, the rows sharing a weight row next to each other, one
-thread taking them all where a launch's tag says l<rows>) against
+thread taking them all where a launch's tag says l<rows>) and the skinny template's candidates
+(skills/skinny: the tensor cores, fp16/bf16) against
 cuBLAS (F.linear), Inductor's compile of it, and a copy of the weight: triton do_bench, least of 3
-interleaved rounds.
+interleaved rounds. Either template's launches are left out where it does not take the task.
 
     python benchmarks/skinny_linear.py M:N:K:DTYPE..    # e.g. 1:14336:4096:bf16 8:14336:4096:fp32
 
@@ -23,9 +24,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 from agent_backend.explain import tasks_of, trace_tasks  # noqa: E402
 from agent_backend.specs import random_inputs  # noqa: E402
 from agent_backend.task import load_program  # noqa: E402
-from benchmarks.rows_plans import bench, plan_contenders, plan_launches  # noqa: E402
+from benchmarks.rows_plans import bench, plan_contenders, plan_launches, source_contenders  # noqa: E402
+from skills import skinny  # noqa: E402
+from skills.pointwise.errors import Unsupported  # noqa: E402
 
-DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
 
 class Linear(torch.nn.Module):
@@ -41,7 +44,13 @@ def main(specs: list[str]) -> None:
         (task,) = [t.on_device("cuda") for t in tasks_of(trace_tasks(Linear(), [x, w], backward=False, min_ops=1))]
         ins = random_inputs(task.inputs, 0, device="cuda")
         reference = load_program(task.program)["Model"]().cuda()
-        fns = plan_contenders(plan_launches(task), ins, (reference(*ins),), atol=1e-1)
+        expected = (reference(*ins),)
+        try:
+            fns = plan_contenders(plan_launches(task), ins, expected, atol=1e-1)
+        except Unsupported as e:
+            print(spec, "rows:", e)
+            fns = {}
+        fns |= source_contenders([(c.origin, c.source) for c in skinny.propose(task)], ins, expected, atol=1e-1)
         compiled = torch.compile(reference)
         compiled(*ins)
         weight = max(ins, key=torch.Tensor.numel)
