@@ -1,7 +1,8 @@
 """Every candidate of the skinny template (skills/skinny) computes its product on a GPU: run
 directly against the task's program in eager (the verifier's rules) and judged by the real
 environment (a worker, Inductor's reference, the verifier); over 1 to 16 vectors, odd counts of
-rows and of k, a bias, columns strided along k, and unaligned inputs (the fallback)."""
+rows and of k, a bias, epilogues (GELU and a residual, a SiLU gate, the product returned beside
+its ReLU), columns strided along k, and unaligned inputs (the fallback)."""
 from __future__ import annotations
 
 import pytest
@@ -27,7 +28,8 @@ def env():
 def _run(candidate, inputs):
     namespace = {}
     exec(compile(candidate.source, candidate.origin, "exec"), namespace)
-    return (namespace["ModelNew"]()(*inputs),)
+    out = namespace["ModelNew"]()(*inputs)
+    return out if isinstance(out, tuple) else (out,)
 
 
 def _assert_every_candidate_computes(env, task, inputs):

@@ -31,6 +31,12 @@ SKINNY_CASES = {
     "linear_odd_k": (lambda x, w: F.linear(x, w), [(3, 1001), (40, 1001)]),  # no 16-byte loads
     "matrix_columns": (lambda a, v: a @ v, [(4097, 1000), (1000, 4)]),  # the columns strided along k
     "matrix_column_bias": (lambda a, v, b: torch.addmm(b, a, v), [(300, 512), (512, 1), (300, 1)]),
+    # epilogues: an activation and a residual; a gate (another input of the output's shape); the
+    # product and its ReLU both returned
+    "linear_bias_gelu_residual": (lambda x, w, b, r: F.gelu(F.linear(x, w, b)) + r,
+                                  [(4, 1000), (37, 1000), (37,), (4, 37)]),
+    "linear_silu_gate": (lambda x, w, u: F.silu(F.linear(x, w)) * u, [(6, 1000), (37, 1000), (6, 37)]),
+    "linear_and_relu": (lambda x, w: (lambda y: (y, torch.relu(y)))(F.linear(x, w)), [(3, 1000), (37, 1000)]),
 }
 
 
@@ -58,19 +64,19 @@ def test_linear_reads_the_weight_as_the_matrix_and_x_rows_as_the_vectors():
     assert (plan.rows, plan.vectors, plan.k, plan.dtype) == (37, 5, 1000, f16)
     assert (plan.matrix.input, plan.matrix.strides) == (w, (1000, 1))
     assert (plan.vector.input, plan.vector.strides) == (x, (1000, 1))
-    assert (plan.bias.input, plan.bias.strides) == (b, (1, 0))  # one value a weight row, the same for every x row
-    assert plan.out_strides == (1, 37)  # out[x row, weight row]
+    assert plan.place == (1, 37)  # out[x row, weight row]
     assert vector_loads(plan) == {"matrix": True, "vector": True}
+    # the bias is the epilogue's: added to the product (an input the kernel has, not loads)
+    assert plan.product == 3 and set(plan.epilogue.reads) == {b, 3} and len(plan.epilogue.body) == 1
+    assert plan.epilogue.inputs[w].spec.shape == ()  # read by the product only
 
 
 def test_a_matrix_times_columns_reads_the_columns_strided():
     task = skinny_task("matrix_columns")
     plan = build_plan(task)
     assert (plan.rows, plan.vectors, plan.k) == (4097, 4, 1000)
-    assert plan.matrix.strides == (1000, 1) and plan.vector.strides == (1, 4) and plan.out_strides == (4, 1)
+    assert plan.matrix.strides == (1000, 1) and plan.vector.strides == (1, 4) and plan.place == (4, 1)
     assert vector_loads(plan) == {"matrix": True, "vector": False}
-    bias = build_plan(skinny_task("matrix_column_bias")).bias
-    assert bias.strides[0] == 1  # one value a row of the matrix
 
 
 @pytest.mark.parametrize("name, shapes, dtype, why", [
@@ -84,10 +90,23 @@ def test_refuses_what_it_cannot_take(name, shapes, dtype, why):
     assert skinny.propose(task) == []
 
 
-def test_refuses_a_product_with_an_epilogue():
-    (task,) = traced_row_tasks(Fn(lambda x, w: torch.relu(F.linear(x, w))),
+def test_takes_a_product_with_its_epilogue():
+    """Linear + bias + GELU, and a residual added: the epilogue is the pointwise template's plan
+    over the outputs, the fp32 sum given for the product, each output element stored once."""
+    x, w, b, r = (_randn(s, bf16, "cpu", seed=k) for k, s in enumerate([(3, 64), (37, 64), (37,), (3, 37)]))
+    (task,) = traced_row_tasks(Fn(lambda x, w, b, r: F.gelu(F.linear(x, w, b)) + r), [x, w, b, r], kind="matmul")
+    plan = build_plan(task.on_device("cuda"))
+    assert len(plan.epilogue.reads) == 3 and len(plan.outputs) == 1  # the bias, the residual, the product
+    source = kernel_source(plan, "k", Launch(4, 1))
+    assert "pw_erf(" in source[source.index("void pw_compute"):source.index("extern")]
+    assert re.search(r"pw_compute\(.*, s, y0\);", source) or re.search(r"pw_compute\(s, .*y0\);", source)
+    assert source.count("out0[") == 1
+
+
+def test_refuses_an_epilogue_the_pointwise_template_cannot_take():
+    (task,) = traced_row_tasks(Fn(lambda x, w: torch.atan2(F.linear(x, w), x[:, :1])),
                                [_randn((3, 64), bf16, "cpu"), _randn((37, 64), bf16, "cpu")], kind="matmul")
-    assert "more than its product (relu" in skinny.supports(task.on_device("cuda"))
+    assert "its epilogue: " in skinny.supports(task.on_device("cuda"))
 
 
 @pytest.mark.parametrize("vectors, tiles", [(1, 1), (8, 1), (9, 2), (16, 2)])

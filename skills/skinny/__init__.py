@@ -1,6 +1,6 @@
 """Built-in template: a half-precision matrix product by a few vectors (nn.Linear at up to 16
-rows of input, a matrix times a few columns) on the tensor cores, reading the matrix once. See
-README.md beside this file."""
+rows of input, a matrix times a few columns) with its pointwise epilogue, on the tensor cores,
+reading the matrix once. See README.md beside this file."""
 from __future__ import annotations
 
 from agent_backend.specs import Candidate, Task
@@ -17,8 +17,6 @@ def most_vectors(dtype) -> int:
 
 def supports(task: Task) -> str | None:
     """None if the template can handle `task`, else a short reason why not."""
-    if task.graph_module is None:
-        return "no graph"
     try:
         build_plan(task)
     except Unsupported as e:

@@ -21,8 +21,9 @@ from dataclasses import dataclass
 
 import torch
 
-from skills.pointwise.codegen import CONVERSIONS
-from skills.pointwise.dtypes import dtype_info
+from skills.pointwise.codegen import CONVERSIONS, compute_function, scalar_element
+from skills.pointwise.dtypes import operand_info
+from skills.pointwise.ops import DEVICE_FUNCTIONS
 
 from .plan import SkinnyPlan
 
@@ -93,11 +94,10 @@ __device__ __forceinline__ uint4 sk_gather(const u16* p, long long stride, int c
 
 def kernel_source(plan: SkinnyPlan, name: str, launch: Launch, vectors: bool = True) -> str:
     """The kernel; `vectors`: 16-byte loads where vector_loads allows (else one element a load)."""
-    info = dtype_info(plan.dtype)
     whole = vector_loads(plan) if vectors else {"matrix": False, "vector": False}
-    n_tiles, k = tiles(plan), plan.k
-    params = [f"const {info.storage}* __restrict__ in{i}" for i in range(len(plan.inputs))] + [
-        f"{info.storage}* __restrict__ out0"]
+    n_tiles, k, epilogue = tiles(plan), plan.k, plan.epilogue
+    params = ([f"const {operand_info(s.torch_dtype).storage}* __restrict__ in{i}" for i, s in enumerate(plan.inputs)]
+              + [f"{op.info.storage}* __restrict__ out{i}" for i, op in enumerate(epilogue.outputs)])
     mma = (f"mma.sync.aligned.m16n8k16.row.col.f32.{_MMA_TYPE[plan.dtype]}.{_MMA_TYPE[plan.dtype]}.f32 "
            "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};")
     u = launch.unroll
@@ -120,19 +120,21 @@ def kernel_source(plan: SkinnyPlan, name: str, launch: Launch, vectors: bool = T
             products += [f"sk_mma(acc{t}, lo{j}_{h}.{a}, hi{j}_{h}.{a}, lo{j}_{h}.{b}, hi{j}_{h}.{b}, "
                          f"v{t}_{j}_{h}.{a}, v{t}_{j}_{h}.{b});"
                          for a, b in (("x", "y"), ("z", "w")) for t in range(n_tiles)]
-    bias = ""
-    if plan.bias:
-        b_row, b_vec = plan.bias.strides
-        bias = f"s += {info.load.format(f'in{plan.bias.input}[(long long)row * {b_row} + (long long)j * {b_vec}]')};"
+    # the epilogue's element i: the product's (row, j), in the outputs' order
+    element = scalar_element(epilogue, {plan.product: "s"})
     m_row, v_row = plan.matrix.strides[0], plan.vector.strides[0]
-    o_row, o_vec = plan.out_strides
+    o_row, o_vec = plan.place
     vector_pointers = "\n".join(
         f"  const bool vec{t}_ok = g + {t * 8} < {plan.vectors};\n"
         f"  const u16* vec{t} = reinterpret_cast<const u16*>(in{plan.vector.input}) + (long long)(g + {t * 8}) * {v_row};"
         for t in range(n_tiles))
     nl = "\n    "
     return f"""{CONVERSIONS}
+{DEVICE_FUNCTIONS}
 {_HELPERS}
+typedef {"long long" if epilogue.wide_index else "int"} idx_t;
+
+{compute_function(epilogue)}
 __device__ __forceinline__ void sk_mma(float* c, u32 a0, u32 a1, u32 a2, u32 a3, u32 b0, u32 b1) {{
   asm volatile("{mma}"
                : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
@@ -172,8 +174,8 @@ extern "C" __global__ void __launch_bounds__({launch.threads}) {name}({", ".join
     float s = part[0][slot][from];
     for (int w = 1; w < {launch.warps}; ++w) s += part[w][slot][from];
     if (row < {plan.rows} && j < {plan.vectors}) {{
-      {bias}
-      out0[(long long)row * {o_row} + (long long)j * {o_vec}] = {info.store.format("s")};
+      const idx_t i = (idx_t)row * {o_row} + (idx_t)j * {o_vec};
+      {(nl + "  ").join(element)}
     }}
   }}
 }}
