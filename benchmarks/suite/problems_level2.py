@@ -40,6 +40,20 @@ class SwiGLU(nn.Module):
         return F.silu(self.gate(x)) * self.up(x)
 
 
+class DecodeMLP(nn.Module):
+    """A Llama-style MLP (SwiGLU) at a decoding step's few rows: every weight read once a step,
+    the gate's product with its SiLU and the up projection's output as its epilogue."""
+
+    def __init__(self, dim: int, hidden: int):
+        super().__init__()
+        self.gate = nn.Linear(dim, hidden, bias=False)
+        self.up = nn.Linear(dim, hidden, bias=False)
+        self.down = nn.Linear(hidden, dim, bias=False)
+
+    def forward(self, x):
+        return self.down(F.silu(self.gate(x)) * self.up(x))
+
+
 class LinearSoftmax(nn.Module):
     def __init__(self, features_in: int, features_out: int):
         super().__init__()
@@ -193,6 +207,8 @@ PROBLEMS = [
     _fusion("linear_bias_gelu", LinearBiasGelu, _linear, LINEAR, SMALL_LINEAR, _in_out),
     _fusion("linear_relu_scale_clamp", LinearReluScaleClamp, _linear, LINEAR, SMALL_LINEAR, _in_out),
     _fusion("swiglu", SwiGLU, _linear, {"rows": 4096, "features_in": 2048, "features_out": 5632}, SMALL_LINEAR,
+            _in_out),
+    _fusion("mlp_decode", DecodeMLP, _linear, {"rows": 4, "features_in": 4096, "features_out": 14336}, SMALL_LINEAR,
             _in_out),
     _fusion("linear_softmax", LinearSoftmax, _linear, {"rows": 4096, "features_in": 1024, "features_out": 8192},
             SMALL_LINEAR, _in_out),
