@@ -3,8 +3,9 @@ claims it (one task of kind "matmul"), the rows template's every launch (skills/
 product summed over k, a row per output, the rows sharing a weight row next to each other, one
 thread taking them all where a launch's tag says l<rows>) and the skinny template's candidates
 (skills/skinny: the tensor cores, fp16/bf16) against
-cuBLAS (F.linear), Inductor's compile of it, and a copy of the weight: triton do_bench, least of 3
-interleaved rounds. Either template's launches are left out where it does not take the task.
+cuBLAS (F.linear), Inductor's compile of it, and a copy of the weight: "flushed", triton do_bench
+(an L2 flush before each call), least of 3 interleaved rounds; "clean", calls back to back (see
+back_to_back). Either template's launches are left out where it does not take the task.
 
     python benchmarks/skinny_linear.py M:N:K:DTYPE..    # e.g. 1:14336:4096:bf16 8:14336:4096:fp32
 
@@ -13,6 +14,7 @@ On an H200 (2026-11-27): benchmarks/results/skinny_linear-h200-torch2.11-2026-11
 """
 from __future__ import annotations
 
+import math
 import sys
 from pathlib import Path
 
@@ -57,8 +59,30 @@ def main(specs: list[str]) -> None:
         destination = torch.empty_like(weight)
         fns |= {"cublas": lambda: reference(*ins), "inductor": lambda: compiled(*ins),
                 "copy-weight": lambda: destination.copy_(weight)}
-        t = bench(fns, rounds=3)
-        print(spec, " | ".join(f"{k} {v:.1f}us" for k, v in sorted(t.items(), key=lambda kv: kv[1])), flush=True)
+        for label, t in (("flushed", bench(fns, rounds=3)), ("clean", back_to_back(fns))):
+            print(spec, label, " | ".join(f"{k} {v:.1f}us" for k, v in sorted(t.items(), key=lambda kv: kv[1])),
+                  flush=True)
+
+
+def back_to_back(fns: dict, calls: int = 30, reps: int = 7, rounds: int = 2) -> dict:
+    """Each contender's time a call over `calls` calls between two events (median of `reps`, least
+    of `rounds` interleaved rounds), in us: the L2 holds no dirty lines, as where a product follows
+    kernels that write little (do_bench's flush before each call leaves it full of them)."""
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    best = {}
+    for _ in range(rounds):
+        for name, fn in fns.items():
+            fn()
+            times = []
+            for _ in range(reps):
+                start.record()
+                for _ in range(calls):
+                    fn()
+                end.record()
+                torch.cuda.synchronize()
+                times.append(start.elapsed_time(end) * 1000 / calls)
+            best[name] = min(best.get(name, math.inf), sorted(times)[reps // 2])
+    return best
 
 
 if __name__ == "__main__":

@@ -8,8 +8,9 @@ from skills.spec_program import spec_program
 from .codegen import Launch, blocks, kernel_source, vector_loads
 from .plan import SkinnyPlan
 
-# Most promising first: 4 warps of 2 steps each keep 8 KB of each block's matrix loads in flight.
-LAUNCHES = (Launch(4, 2), Launch(4, 4), Launch(8, 2), Launch(8, 1), Launch(4, 1), Launch(2, 4))
+# The shapes that were fastest somewhere on an H200 (benchmarks/results/skinny_clean-h200-...:
+# 4-16 rows of x by 14336 x 4096 and 4 by 4096 x 14336, bf16), most often fastest first.
+LAUNCHES = (Launch(8, 1), Launch(4, 1), Launch(16, 1), Launch(4, 2), Launch(8, 2), Launch(2, 2))
 
 
 def tag(launch: Launch) -> str:
@@ -32,7 +33,7 @@ def model_source(plan: SkinnyPlan, launch: Launch) -> str:
         origin=f"builtin:skinny:{tag(launch)}",
         description=(f"a {plan.rows}-row matrix times {plan.vectors} vectors on the tensor cores, specialised "
                      "to these signatures and run by the C++ launch op"),
-        name=name, inputs=plan.inputs, outputs=[plan.output],
+        name=name, inputs=plan.inputs, outputs=plan.outputs,
         main=(kernel_source(plan, name, launch), launch_arguments(plan, launch), tuple(alignment)),
         fallback=(kernel_source(plan, name, launch, vectors=False), launch_arguments(plan, launch))
         if vectorised else None)
