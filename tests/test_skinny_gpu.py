@@ -8,35 +8,24 @@ from __future__ import annotations
 import pytest
 import torch
 
-from agent_backend.env import Environment, Timeouts
 from agent_backend.specs import random_inputs
 from skills import skinny
+from helpers import run_candidate
+from test_env_cases import module_environment
 from test_rows_template import assert_computes_the_task
 from test_skinny_template import SKINNY_CASES, skinny_task
 
 pytestmark = pytest.mark.gpu
+env = module_environment("cuda:0", compile_s=300, verify_s=300, profile_s=600, start_s=300)
 
 f16, bf16 = torch.float16, torch.bfloat16
-
-
-@pytest.fixture(scope="module")
-def env():
-    with Environment(["cuda:0"], Timeouts(compile_s=300, verify_s=300, profile_s=600, start_s=300)) as pool:
-        yield pool
-
-
-def _run(candidate, inputs):
-    namespace = {}
-    exec(compile(candidate.source, candidate.origin, "exec"), namespace)
-    out = namespace["ModelNew"]()(*inputs)
-    return out if isinstance(out, tuple) else (out,)
 
 
 def _assert_every_candidate_computes(env, task, inputs):
     candidates = skinny.propose(task)
     assert candidates, skinny.supports(task)
     for candidate in candidates:
-        assert_computes_the_task(task, inputs, _run(candidate, inputs), candidate.origin)
+        assert_computes_the_task(task, inputs, run_candidate(candidate, inputs), candidate.origin)
     for candidate, ev in zip(candidates, env.evaluate_many(task, candidates, profile=False)):
         assert ev.status == "passed", f"{candidate.origin}: {ev.status}: {ev.reason}"
 
@@ -64,4 +53,4 @@ def test_unaligned_inputs_take_the_fallback(env):
     assert shifted.data_ptr() % 16
     inputs[x] = shifted
     for candidate in skinny.propose(task):
-        assert_computes_the_task(task, inputs, _run(candidate, inputs), candidate.origin)
+        assert_computes_the_task(task, inputs, run_candidate(candidate, inputs), candidate.origin)

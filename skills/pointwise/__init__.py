@@ -6,26 +6,18 @@ from __future__ import annotations
 from agent_backend.specs import Candidate, Task
 
 from .candidates import propose_candidates
-from .errors import Unsupported
+from .errors import candidates_of, why_not
 from .plan import build_plan
 
 
 def supports(task: Task) -> str | None:
     """None if the template can handle `task`, else a short reason why not."""
-    try:
-        build_plan(task)
-    except Unsupported as e:
-        return str(e)
-    return None
+    return why_not(build_plan, task)
 
 
 def propose(task: Task) -> list[Candidate]:
     """One candidate per launch configuration worth trying; [] when unsupported."""
-    try:
-        plan = build_plan(task)
-    except Unsupported:
-        return []
-    return propose_candidates(plan)
+    return candidates_of(build_plan, propose_candidates, task)
 
 
 __all__ = ["supports", "propose"]

@@ -4,7 +4,7 @@ reading the matrix once. See README.md beside this file."""
 from __future__ import annotations
 
 from agent_backend.specs import Candidate, Task
-from skills.pointwise.errors import Unsupported
+from skills.pointwise.errors import candidates_of, why_not
 
 from .candidates import propose_candidates
 from .plan import DTYPES, MAX_VECTORS, build_plan
@@ -17,18 +17,12 @@ def most_vectors(dtype) -> int:
 
 def supports(task: Task) -> str | None:
     """None if the template can handle `task`, else a short reason why not."""
-    try:
-        build_plan(task)
-    except Unsupported as e:
-        return str(e)
-    return None
+    return why_not(build_plan, task)
 
 
 def propose(task: Task) -> list[Candidate]:
-    try:
-        return propose_candidates(build_plan(task))
-    except Unsupported:
-        return []
+    """One candidate per block shape; [] when unsupported."""
+    return candidates_of(build_plan, propose_candidates, task)
 
 
 __all__ = ["supports", "propose", "most_vectors"]
