@@ -21,7 +21,7 @@ import torch.fx as fx
 from agent_backend.specs import Task, TensorSpec, dtype_name
 from agent_backend.task import Subgraph
 from skills.pointwise.errors import Unsupported
-from skills.pointwise.plan import PointwisePlan, meta_result
+from skills.pointwise.plan import PointwisePlan, metas_until
 from skills.pointwise.plan import build_plan as pointwise_plan
 from skills.rewrites.graph import aten, call, copy_graph, plain_product_problem
 
@@ -70,7 +70,7 @@ def build_plan(task: Task) -> SkinnyPlan:
     problem = plain_product_problem(product, bias_per_column=False)
     if problem:
         raise Unsupported(problem)
-    metas = _metas(placeholders, task.inputs, product)
+    metas = metas_until(graph, task.inputs, product)
     dtype = metas[product].dtype
     if dtype not in DTYPES:
         raise Unsupported(f"a {dtype} product: tensor cores would compute it in another precision")
@@ -122,17 +122,6 @@ def _epilogue(task: Task, product: fx.Node, spec: TensorSpec) -> PointwisePlan:
         return pointwise_plan(dataclasses.replace(task, graph_module=Subgraph(graph), inputs=inputs + (spec,)))
     except Unsupported as e:
         raise Unsupported(f"its epilogue: {e}") from e
-
-
-def _metas(placeholders: list[fx.Node], specs, last: fx.Node) -> dict[fx.Node, torch.Tensor]:
-    metas = {p: torch.empty_strided(s.shape, s.stride, dtype=s.torch_dtype, device="meta")
-             for p, s in zip(placeholders, specs)}
-    node = placeholders[-1].next if placeholders else last
-    while node is not last.next:
-        if node.op == "call_function":
-            metas[node] = meta_result(node, metas)
-        node = node.next
-    return metas
 
 
 def _operand(node: fx.Node, placeholders: list[fx.Node], metas: dict, strides: tuple[int, int]) -> Operand:
