@@ -277,3 +277,28 @@ def test_gate_compare_counts_skipped_pointwise_tasks_and_the_wins_a_full_search_
     assert "| gelu | bf16 | 2 | 2 | 1 | 0 / 1 |" in text and "| softmax | bf16 | 1 | 0 | 0 | 1 / 1 |" in text
     assert (tmp_path / "side.md").read_text() == text
     assert gate_compare.main([str(gated), str(tmp_path / "missing.json")]) == 2
+
+
+def test_the_timer_flushes_the_l2_by_writing_or_by_reading_and_says_which():
+    """--flush: the worker's write flush (the default, and what the search always uses) or a read
+    flush (a clean, cold L2); the run's header names it; anything else is refused."""
+    from agent_backend.env.profile import CudaTimer
+    from benchmarks.suite import timing
+    parser = cli.build_parser()
+    assert parser.parse_args([]).flush == "write" and parser.parse_args(["--flush", "read"]).flush == "read"
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--flush", "none"])
+    assert "by writing (dirty)" in timing.describe("cuda") and "by reading (clean)" in timing.describe("cuda", "read")
+    assert timing.describe("cpu", "read") == timing.describe("cpu")  # the dry run times the host
+    with pytest.raises(ValueError, match="flush must be one of"):
+        CudaTimer(torch.device("cuda"), 1.0, flush="none")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("flush", ["write", "read"])
+def test_either_flush_times_a_copy_on_the_gpu(flush):
+    from benchmarks.suite import timing
+    src = torch.randn(1 << 24, device="cuda")
+    dst = torch.empty_like(src)
+    stats = timing.time_interleaved({"copy": lambda: dst.copy_(src)}, rounds=2, calls=3, device="cuda", flush=flush)
+    assert stats["copy"]["trials"] == 6 and 0 < stats["copy"]["median"] < 10

@@ -39,6 +39,8 @@ class RealPrimitives(NamedTuple):
     event_record: Callable | None
     event_elapsed_time: Callable | None
     event_query: Callable | None
+    zero_: Callable  # the L2 flushes (profile.CudaTimer): a write, or a read
+    sum: Callable
 
 
 def _capture_real_primitives() -> RealPrimitives:
@@ -53,6 +55,8 @@ def _capture_real_primitives() -> RealPrimitives:
         event_record=event_base.record if has_cuda else None,
         event_elapsed_time=event_base.elapsed_time if has_cuda else None,
         event_query=event_base.query if has_cuda else None,
+        zero_=torch.Tensor.zero_,
+        sum=torch.sum,
     )
 
 

@@ -58,19 +58,34 @@ class Timing(NamedTuple):
     drain_ms: float = 0.0  # on CUDA: end -> drained
 
 
+# How the L2 is flushed before each timed call: "write" zeroes twice its size, leaving it full of
+# dirty lines that the call then pays to write back (the worker's timer: as triton's do_bench);
+# "read" sums twice its size instead, so the call starts with a cold L2 and nothing to write back,
+# as a kernel does that follows kernels writing little. Kernels pay that write-back differently:
+# on an H200 a 117 MB bf16 product read took cuBLAS 7.6 us longer after a write flush than back
+# to back, the skinny template's kernel 4.4 us (benchmarks/results/skinny_clean-h200-...).
+FLUSHES = ("write", "read")
+
+
 class CudaTimer:
-    description = ("CUDA events; L2 flushed and the host's launch time hidden before each call; "
-                   "device-wide synchronize before the end event")
     wins_allowed = True
 
-    def __init__(self, device: torch.device, cycles_per_ms: float):
+    def __init__(self, device: torch.device, cycles_per_ms: float, flush: str = "write"):
+        if flush not in FLUSHES:
+            raise ValueError(f"flush must be one of {FLUSHES}, not {flush!r}")
         self.stream = torch.cuda.current_stream(device)
         l2_bytes = getattr(torch.cuda.get_device_properties(device), "L2_cache_size", 0)
         flush_bytes = 2 * l2_bytes if l2_bytes else _FALLBACK_FLUSH_BYTES
-        self.flush_buffer = torch.empty(flush_bytes // 4, dtype=torch.int32, device=device)
+        self.flush_buffer = torch.zeros(flush_bytes // 4, dtype=torch.int32, device=device)
+        self.flush_sum = torch.empty((), dtype=torch.int64, device=device)
+        self.flush = flush
         self.start, self.end, self.drained = (REAL.cuda_event_type(enable_timing=True) for _ in range(3))
         self.cycles_per_ms = cycles_per_ms
         self.cover_ms = _WARMUP_COVER_MS
+
+    @property
+    def description(self) -> str:
+        return cuda_timer_description(self.flush)
 
     def fit_cover(self, host_ms: float) -> None:
         """Fix the sleep before the start event for the timed calls, from the longest host time
@@ -78,7 +93,10 @@ class CudaTimer:
         self.cover_ms = min(_MAX_COVER_MS, 1.5 * host_ms + 0.02)
 
     def time_call(self, call: Callable[[], Any]) -> Timing:
-        self.flush_buffer.zero_()
+        if self.flush == "write":
+            REAL.zero_(self.flush_buffer)
+        else:
+            REAL.sum(self.flush_buffer, dim=0, out=self.flush_sum)
         REAL.cuda_sleep(int(self.cover_ms * self.cycles_per_ms))
         REAL.event_record(self.start, self.stream)
         host_start = REAL.perf_counter_ns()
@@ -107,9 +125,15 @@ class CpuTimer:
         return Timing(ms, ms)
 
 
-def make_timer(device: torch.device, cycles_per_ms: float) -> CudaTimer | CpuTimer:
+def cuda_timer_description(flush: str) -> str:
+    how = "by writing (dirty)" if flush == "write" else "by reading (clean)"
+    return (f"CUDA events; L2 flushed {how} and the host's launch time hidden before each call; "
+            "device-wide synchronize before the end event")
+
+
+def make_timer(device: torch.device, cycles_per_ms: float, flush: str = "write") -> CudaTimer | CpuTimer:
     """A timer for one profile."""
-    return CudaTimer(device, cycles_per_ms) if device.type == "cuda" else CpuTimer()
+    return CudaTimer(device, cycles_per_ms, flush) if device.type == "cuda" else CpuTimer()
 
 
 def summarize(timings: list[Timing], drain_floor_ms: float) -> dict:

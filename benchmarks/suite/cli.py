@@ -22,6 +22,7 @@ import torch
 import torch._functorch.config
 
 from agent_backend.dispatch import user_precision
+from agent_backend.env.profile import FLUSHES
 from agent_backend.options import resolve
 from agent_backend.warm import parse_options
 
@@ -47,6 +48,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("-o", "--option", action="append", default=[], metavar="NAME=VALUE",
                         help="a cuda_agent backend option, VALUE as JSON where it parses (e.g. -o search_budget_s=60)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--flush", choices=FLUSHES, default="write",
+                        help="how the L2 is flushed before each timed call: write (the worker's timer, "
+                             "as do_bench: the call pays the dirty lines' write-back) or read (a clean, cold "
+                             "L2); the backend's own search always times as the worker does (default: write)")
     parser.add_argument("--settle", type=float, default=0.0, metavar="SECONDS",
                         help="with -o mode=background: after the first compile, wait up to SECONDS for the "
                              "background work and compile again (up to 3 times, while work remains), then time "
@@ -82,7 +87,7 @@ def _run_header(args, command: list[str], device: str, options: dict, copy_rate:
             "date": str(datetime.date.today()), "started": datetime.datetime.now().isoformat(timespec="seconds"),
             "command": "python -m benchmarks.suite " + shlex.join(command), "dry_run": args.dry_run,
             "sizes": "small" if args.dry_run else "full", "dtypes": args.dtype, "rounds": args.rounds,
-            "calls": args.calls, "timer": timing.describe(device), "seed": args.seed,
+            "calls": args.calls, "timer": timing.describe(device, args.flush), "seed": args.seed,
             "options": options, "precision": user_precision(resolve(options)), "copy_gb_s": copy_rate / 1e9}
 
 
@@ -102,7 +107,8 @@ def run_suite(problems, args, command: list[str], options: dict) -> report.Repor
     writer = report.ReportWriter(run, json_path, md_path)
     compile_dir = tempfile.mkdtemp(prefix="cuda_agent_suite_compile_")
     cfg = RunConfig(device=device, small=args.dry_run, rounds=args.rounds, calls=args.calls, options=options,
-                    copy_bytes_per_s=copy_rate, compile_dir=compile_dir, seed=args.seed, settle_s=args.settle)
+                    copy_bytes_per_s=copy_rate, compile_dir=compile_dir, seed=args.seed, settle_s=args.settle,
+                    flush=args.flush)
     print(f"{run['gpu']} | torch {run['torch']} | {len(problems)} problems | kernel cache {options['cache_dir']} | "
           f"writing {json_path}", flush=True)
     # Inductor's caches of compiled graphs off: every compile runs our pass (and reports which

@@ -39,6 +39,7 @@ class RunConfig:
     compile_dir: str  # where each compile gets its fresh Inductor and Triton cache
     seed: int = 0
     settle_s: float = 0.0  # > 0: wait up to this long for background work and compile ours again (_settle)
+    flush: str = "write"  # how the timer flushes the L2 before each call (agent_backend.env.profile.FLUSHES)
 
 
 def _synchronize(device: str) -> None:
@@ -123,7 +124,7 @@ def _measure(problem: Problem, dtype: str, cfg: RunConfig) -> dict:
     floor_bytes = _floor_bytes(problem, inputs, expected)
     same_bytes = {"copy": copy_call(floor_bytes, cfg.device)} if floor_bytes is not None else {}
     before = kernels.winner_calls()
-    ms = timing.time_interleaved(calls | same_bytes, cfg.rounds, cfg.calls, cfg.device)
+    ms = timing.time_interleaved(calls | same_bytes, cfg.rounds, cfg.calls, cfg.device, flush=cfg.flush)
     after = kernels.winner_calls()
     copy_ms = ms.pop("copy", None)
     return {"sizes": dict(vars(problem.sizes(cfg.small))), "ms": ms,

@@ -2,7 +2,8 @@
 
 Each round times `calls` calls of every contender in turn (the contender that goes first moves
 on by one each round, so none always follows the same neighbour). Each call is timed by the
-worker's own timer (agent_backend.env.profile.CudaTimer): the L2 cache is flushed, a GPU sleep
+worker's own timer (agent_backend.env.profile.CudaTimer): the L2 cache is flushed (by writing
+it, as the worker does; `--flush read` reads it instead, leaving nothing to write back), a GPU sleep
 that outlasts the host's work of launching the call is queued, then come the start event, the
 call and the end event. Without that sleep the window caught the host's per-call work whenever
 it outlasted the flush (seen on an H100, 2026-11-24: the same Inductor code measured 17 us at p10
@@ -17,20 +18,21 @@ from typing import Callable
 import torch
 
 from agent_backend.env.floors import copy_call
-from agent_backend.env.profile import CpuTimer, CudaTimer, Timing, make_timer, summarize
+from agent_backend.env.profile import CpuTimer, Timing, cuda_timer_description, make_timer, summarize
 from agent_backend.env.verify import sleep_cycles_per_ms
 
 
-def describe(device: str) -> str:
-    return (CudaTimer if device == "cuda" else CpuTimer).description
+def describe(device: str, flush: str = "write") -> str:
+    return cuda_timer_description(flush) if device == "cuda" else CpuTimer.description
 
 
 def time_interleaved(contenders: dict[str, Callable[[], object]], rounds: int, calls: int, device: str,
-                     warmup: int = 2) -> dict[str, dict]:
+                     warmup: int = 2, flush: str = "write") -> dict[str, dict]:
     """name -> the timing stats of its `rounds` x `calls` timed calls (profile.summarize: median,
-    p10, p90, trials, host_median; milliseconds)."""
+    p10, p90, trials, host_median; milliseconds); `flush`: how the L2 is flushed before each
+    call (profile.FLUSHES)."""
     dev = torch.device(device)
-    timer = make_timer(dev, sleep_cycles_per_ms(dev) if dev.type == "cuda" else 0.0)
+    timer = make_timer(dev, sleep_cycles_per_ms(dev) if dev.type == "cuda" else 0.0, flush)
     warm = [timer.time_call(fn) for fn in contenders.values() for _ in range(max(warmup, 1))]
     timer.fit_cover(max(t.host_ms for t in warm))
     names = list(contenders)
