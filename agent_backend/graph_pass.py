@@ -12,8 +12,7 @@ import torch.fx as fx
 from torch._inductor.custom_graph_pass import CustomGraphPass
 from torch._inductor.pattern_matcher import stable_topological_sort
 
-from skills import skinny
-from skills.rows import gemv
+from skills.rows.gemv import PRODUCTS, most_vectors
 
 from . import inline, runtime
 from .partition import Group, partition
@@ -135,19 +134,17 @@ def worth_a_search(group: Group, min_ops: int) -> bool:
     single pointwise op is already what Inductor writes, a single reduction may not be (a float32
     sum over 16 rows of 393216: Inductor's kernels 80-107 us, eager's 21 us, H100), nor a scan (a
     bf16 cumsum of 8192 x 4096: Inductor's 82 us, 60% of the copy rate; the rows family's 51 us,
-    H100), nor cuBLAS's GEMV (fp32, 1 x 4096 by 4096 x 4096: 32.9 us, the rows family's 21.2, H200;
-    bf16, 8 x 4096 by 4096 x 14336: 40.6 us, the skinny family's 37.1, H200)."""
+    H100), nor cuBLAS's GEMV (fp32, 1 x 4096 by 4096 x 4096: 32.9 us, the rows family's 21.2, H200)."""
     return (group.op_count() >= min_ops or group.kind in ("reduction", "scan")
             or any(_matrix_vector(n) for n in group.nodes))
 
 
 def _matrix_vector(node: fx.Node) -> bool:
-    """An mm or addmm of as few output rows or columns as a template takes: a matrix times a
-    vector, or a few (skills/rows/gemv.py: up to 8 in fp32, 2 in fp16/bf16; skills/skinny: up to
-    16 in fp16/bf16)."""
+    """An mm or addmm of as few output rows or columns as the rows template takes: a matrix times
+    a vector, or a few (skills/rows/gemv.py: up to 8 in fp32, 2 in fp16/bf16)."""
     value = node.meta.get("val")
-    return (node.target in gemv.PRODUCTS and isinstance(value, torch.Tensor) and value.dim() == 2
-            and min(value.shape) <= max(gemv.most_vectors(value.dtype), skinny.most_vectors(value.dtype)))
+    return (node.target in PRODUCTS and isinstance(value, torch.Tensor) and value.dim() == 2
+            and min(value.shape) <= most_vectors(value.dtype))
 
 
 class SubgraphPass(CustomGraphPass):

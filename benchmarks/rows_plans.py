@@ -67,17 +67,10 @@ def plan_launches(task) -> list[tuple[str, object, Launch]]:
 def plan_contenders(launches, ins: list, expected: tuple, atol: float = 2e-2) -> dict:
     """Those of `launches` ((label, plan, launch), as plan_launches gives them) that run and agree
     with the task's program (`expected`, its outputs on `ins`), each a call."""
-    return source_contenders([(label, model_source(plan, launch)) for label, plan, launch in launches],
-                             ins, expected, atol)
-
-
-def source_contenders(programs, ins: list, expected: tuple, atol: float = 2e-2) -> dict:
-    """Those of `programs` ((label, a candidate's source)) that run and agree with `expected`,
-    each a call."""
     fns = {}
-    for label, source in programs:
+    for label, plan, launch in launches:
         try:
-            model = load_program(source, label)["ModelNew"]()
+            model = load_program(model_source(plan, launch), label)["ModelNew"]()
             out = model(*ins)
             torch.cuda.synchronize()  # a kernel's fault shows here, under its own label
         except Exception as e:  # noqa: BLE001 - a shape may be refused: say so, time the rest

@@ -1,11 +1,11 @@
 """nn.Linear's product at a few rows of input (x @ W.t(), x of M rows), as the backend's pass
 claims it (one task of kind "matmul"), the rows template's every launch (skills/rows/gemv.py: the
 product summed over k, a row per output, the rows sharing a weight row next to each other, one
-thread taking them all where a launch's tag says l<rows>) and the skinny template's candidates
-(skills/skinny: the tensor cores, fp16/bf16) against
+thread taking them all where a launch's tag says l<rows>) against
 cuBLAS (F.linear), Inductor's compile of it, and a copy of the weight: "flushed", triton do_bench
 (an L2 flush before each call), least of 3 interleaved rounds; "clean", calls back to back (see
-back_to_back). Either template's launches are left out where it does not take the task.
+back_to_back). Where the template does not take the task (more than 2 rows of x in fp16/bf16),
+only the others are timed.
 
     python benchmarks/skinny_linear.py M:N:K:DTYPE..    # e.g. 1:14336:4096:bf16 8:14336:4096:fp32
 
@@ -26,8 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 from agent_backend.explain import tasks_of, trace_tasks  # noqa: E402
 from agent_backend.specs import random_inputs  # noqa: E402
 from agent_backend.task import load_program  # noqa: E402
-from benchmarks.rows_plans import bench, plan_contenders, plan_launches, source_contenders  # noqa: E402
-from skills import skinny  # noqa: E402
+from benchmarks.rows_plans import bench, plan_contenders, plan_launches  # noqa: E402
 from skills.pointwise.errors import Unsupported  # noqa: E402
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
@@ -52,7 +51,6 @@ def main(specs: list[str]) -> None:
         except Unsupported as e:
             print(spec, "rows:", e)
             fns = {}
-        fns |= source_contenders([(c.origin, c.source) for c in skinny.propose(task)], ins, expected, atol=1e-1)
         compiled = torch.compile(reference)
         compiled(*ins)
         weight = max(ins, key=torch.Tensor.numel)

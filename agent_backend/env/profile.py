@@ -63,7 +63,7 @@ class Timing(NamedTuple):
 # "read" sums twice its size instead, so the call starts with a cold L2 and nothing to write back,
 # as a kernel does that follows kernels writing little. Kernels pay that write-back differently:
 # on an H200 a 117 MB bf16 product read took cuBLAS 7.6 us longer after a write flush than back
-# to back, the skinny template's kernel 4.4 us (benchmarks/results/skinny_clean-h200-...).
+# to back, a tensor-core kernel of ours 4.4 us (benchmarks/results/skinny_clean-h200-...).
 FLUSHES = ("write", "read")
 
 

@@ -21,8 +21,8 @@ def _skills_revision() -> str:
 
 def _families() -> list:
     """(name, module with supports(task) and propose(task)) for every family of the library."""
-    from skills import pointwise, rewrites, rows, skinny
-    return [("rewrites", rewrites), ("rows", rows), ("skinny", skinny), ("pointwise", pointwise)]
+    from skills import pointwise, rewrites, rows
+    return [("rewrites", rewrites), ("rows", rows), ("pointwise", pointwise)]
 
 
 class BuiltinPolicy:

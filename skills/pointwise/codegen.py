@@ -67,7 +67,7 @@ def _kernel(plan: PointwisePlan, name: str, threads: int, body: str) -> str:
 
 typedef {"long long" if plan.wide_index else "int"} idx_t;
 
-{compute_function(plan)}
+{_compute_function(plan)}
 
 extern "C" __global__ void __launch_bounds__({threads}) {name}({", ".join(params)}) {{
 {body}
@@ -170,11 +170,11 @@ def _tail(plan: PointwisePlan, start: int, count: int) -> str:
     return f"""
   if (blockIdx.x == 0 && threadIdx.x < {count}) {{
     const idx_t i = {start} + (idx_t)threadIdx.x;
-{_indent(scalar_element(plan), 4)}
+{_indent(_scalar_element(plan), 4)}
   }}"""
 
 
-def compute_function(plan: PointwisePlan) -> str:
+def _compute_function(plan: PointwisePlan) -> str:
     params = ([f"const {plan.inputs[k].info.ctype} x{k}" for k in plan.reads]
               + [f"{op.info.ctype}& y{k}" for k, op in enumerate(plan.outputs)])
     lines = list(plan.body) + [f"y{k} = {value};" for k, value in enumerate(plan.results)]
@@ -224,13 +224,8 @@ def _group_compute_and_store(plan: PointwisePlan, width: int) -> list[str]:
                for k, op in enumerate(outs)])
 
 
-def scalar_element(plan: PointwisePlan, given: dict[int, str] | None = None) -> list[str]:
-    """Statements computing and storing element `i` (an idx_t in scope, the element's place in
-    the first output's memory order) of `plan`, an element an access; `given`: input index -> a C
-    value (of its compute type) to take instead of loading that input."""
-    given = given or {}
-    loaded = [given[k] if k in given else plan.inputs[k].info.load.format(f"in{k}[{_offset(plan, plan.inputs[k])}]")
-              for k in plan.reads]
+def _scalar_element(plan: PointwisePlan) -> list[str]:
+    loaded = [plan.inputs[k].info.load.format(f"in{k}[{_offset(plan, plan.inputs[k])}]") for k in plan.reads]
     stores = [f"out{k}[{_offset(plan, op)}]" for k, op in enumerate(plan.outputs)]
     return _coordinates(plan) + _call_compute(plan, loaded, stores)
 
