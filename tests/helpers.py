@@ -83,11 +83,3 @@ def launch_spec_of(source: str, monkeypatch):
     spec = launch_op.spec_of(namespace["ModelNew"])
     assert spec is not None, "ModelNew is not a launch-spec model"
     return spec
-
-
-def run_candidate(candidate, inputs: list) -> tuple:
-    """A candidate's ModelNew, built from its source, run on `inputs`: its outputs as a tuple."""
-    namespace = {}
-    exec(compile(candidate.source, candidate.origin, "exec"), namespace)
-    out = namespace["ModelNew"]()(*inputs)
-    return out if isinstance(out, tuple) else (out,)

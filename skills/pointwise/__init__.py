@@ -6,18 +6,26 @@ from __future__ import annotations
 from agent_backend.specs import Candidate, Task
 
 from .candidates import propose_candidates
-from .errors import candidates_of, why_not
+from .errors import Unsupported
 from .plan import build_plan
 
 
 def supports(task: Task) -> str | None:
     """None if the template can handle `task`, else a short reason why not."""
-    return why_not(build_plan, task)
+    try:
+        build_plan(task)
+    except Unsupported as e:
+        return str(e)
+    return None
 
 
 def propose(task: Task) -> list[Candidate]:
     """One candidate per launch configuration worth trying; [] when unsupported."""
-    return candidates_of(build_plan, propose_candidates, task)
+    try:
+        plan = build_plan(task)
+    except Unsupported:
+        return []
+    return propose_candidates(plan)
 
 
 __all__ = ["supports", "propose"]

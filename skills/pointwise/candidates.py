@@ -6,7 +6,6 @@ import string
 from dataclasses import dataclass
 
 from agent_backend.specs import Candidate
-from skills.spec_program import signatures
 
 from .codegen import TILE, is_vector_access, kernel_source, tile_count, tiled_kernel_source, wants_tiles
 from .plan import PointwisePlan
@@ -163,9 +162,12 @@ def model_source(plan: PointwisePlan, config: LaunchConfig | TiledConfig) -> str
     return _MODEL.substitute(
         tag=config.tag(width), name=name, threads=config.threads, per_block=config.groups_per_block,
         waves=config.waves,
-        inputs=signatures(op.spec for op in plan.inputs), outputs=signatures(op.spec for op in plan.outputs),
+        inputs=_signatures(op.spec for op in plan.inputs), outputs=_signatures(op.spec for op in plan.outputs),
         main_source=config.kernel(plan, name, width), main_groups=config.groups(plan, width), alignment=alignment,
         fallback_source=f"r'''{fallback}'''" if fallback else None, fallback_groups=config.groups(plan, 1),
         # the program carries grid_blocks' own source, so its grid is the one pruning assumed
         grid_blocks=inspect.getsource(grid_blocks))
 
+
+def _signatures(specs) -> str:
+    return "[" + ", ".join(f"({s.shape}, {s.stride}, {s.dtype!r})" for s in specs) + "]"

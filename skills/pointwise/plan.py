@@ -194,18 +194,3 @@ def meta_result(node: Node, metas: dict[Node, torch.Tensor]) -> torch.Tensor:
     if not isinstance(result, torch.Tensor):
         raise Unsupported(f"op {node.target} does not return one tensor")
     return result
-
-
-def metas_until(graph: Graph, specs, last: Node) -> dict[Node, torch.Tensor]:
-    """Every value of `graph` up to `last` as a meta tensor, from meta tensors of its inputs'
-    `specs` (not the nodes' metadata: a task may be resized, or its graph carry none);
-    Unsupported where an op fails on them."""
-    placeholders = [n for n in graph.nodes if n.op == "placeholder"]
-    metas = {p: torch.empty_strided(s.shape, s.stride, dtype=s.torch_dtype, device="meta")
-             for p, s in zip(placeholders, specs)}
-    for node in graph.nodes:
-        if node.op == "call_function":
-            metas[node] = meta_result(node, metas)
-            if node is last:
-                break
-    return metas

@@ -5,7 +5,7 @@ README.md beside this file."""
 from __future__ import annotations
 
 from agent_backend.specs import Candidate, Task
-from skills.pointwise.errors import Unsupported, candidates_of, why_not
+from skills.pointwise.errors import Unsupported
 
 from .candidates import launch_configs, propose_candidates
 from .plan import RowPlan, build_plan
@@ -47,12 +47,19 @@ def _row_bytes(plan: RowPlan) -> int:
 
 def supports(task: Task) -> str | None:
     """None if the template can handle `task`, else a short reason why not."""
-    return why_not(plans, task)
+    try:
+        plans(task)
+    except Unsupported as e:
+        return str(e)
+    return None
 
 
 def propose(task: Task) -> list[Candidate]:
     """One candidate per plan and launch shape worth trying; [] when unsupported."""
-    return candidates_of(plans, lambda each: [c for plan in each for c in propose_candidates(plan)], task)
+    try:
+        return [c for plan in plans(task) for c in propose_candidates(plan)]
+    except Unsupported:
+        return []
 
 
 __all__ = ["supports", "propose", "plans"]

@@ -3,10 +3,10 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import string
 
 from agent_backend.specs import Candidate
 from skills.pointwise.errors import Unsupported
-from skills.spec_program import spec_program
 
 from .codegen import (TYPICAL_SM_COUNT, WARP, Launch, blocks_per_sm, buffer_bytes, can_persist, can_prefetch,
                       grid_blocks, is_vector_access, keeps_values, kernel_source, lanes, lanes_fit, lanes_fit_along,
@@ -346,6 +346,47 @@ def propose_candidates(plan: RowPlan) -> list[Candidate]:
             for c in launch_configs(plan)]
 
 
+_HEADER = '''\
+# builtin:rows:$tag - one row-reduction kernel, specialised to these signatures$how.
+INPUTS = $inputs  # (shape, stride, dtype) of each input
+OUTPUTS = $outputs
+KERNEL_NAME = "$name"
+
+MAIN_SOURCE = r\'\'\'$main_source\'\'\'
+MAIN_LAUNCH = $main_launch  # (grid, block, dynamic shared memory, cluster, split-row workspace bytes, persistent)
+# Bytes each input's data pointer must be a multiple of for MAIN's vector loads; where one is
+# not, FALLBACK (the same computation, one element per access) runs instead.
+MAIN_ALIGNMENT = $alignment
+FALLBACK_SOURCE = $fallback_source
+FALLBACK_LAUNCH = $fallback_launch
+'''
+
+# The program: a launch spec, run by the C++ launch op (no Python per call), clusters included.
+_SPEC_MODEL = string.Template('''\
+import torch
+
+from agent_backend.env.launch_op import launch_spec_model
+from agent_backend.env.launch_spec import Arg, KernelLaunch, LaunchSpec
+from agent_backend.specs import TensorSpec
+
+''' + _HEADER + '''ARGS = [Arg.input(k) for k in range(len(INPUTS))] + [Arg.output(k) for k in range(len(OUTPUTS))]
+
+
+def _launch(source, launch, alignment=()):
+    grid, block, shared, cluster, workspace, persistent = launch
+    # a split row's blocks synchronise the grid: a cooperative launch, given its workspace
+    return KernelLaunch.compile(source, KERNEL_NAME, grid=grid, block=block,
+                                args=ARGS + ([Arg.workspace(workspace)] if workspace else []), shared_mem=shared,
+                                alignment=alignment, cluster=cluster, cooperative=workspace > 0, persistent=persistent)
+
+
+KERNELS = [_launch(MAIN_SOURCE, MAIN_LAUNCH, MAIN_ALIGNMENT)]
+if FALLBACK_SOURCE:
+    KERNELS.append(_launch(FALLBACK_SOURCE, FALLBACK_LAUNCH))
+ModelNew = launch_spec_model(LaunchSpec(inputs=[TensorSpec(*s, "cuda") for s in INPUTS],
+                                        outputs=[TensorSpec(*s, "cuda") for s in OUTPUTS], kernels=KERNELS))
+''')
+
 def launch_arguments(plan: RowPlan, launch: Launch) -> tuple:
     """(grid, block, dynamic shared memory, cluster size, workspace bytes of a split row, persistent)."""
     block = (launch.threads * launch.rows,) if plan.along_rows else (launch.rows, launch.threads)
@@ -368,9 +409,14 @@ def model_source(plan: RowPlan, launch: Launch) -> str:
             alignment[a.input] = max(alignment[a.input], launch.width * itemsize)
     spread = (f", a cluster of {launch.cluster} blocks a row," if launch.cluster > 1 else
               f", {launch.split} blocks of a cooperative grid a row," if launch.split > 1 else "")
-    return spec_program(
-        origin=f"builtin:rows:{tag(plan, launch)}",
-        description=f"one row-reduction kernel, specialised to these signatures{spread} and run by the C++ launch op",
-        name=name, inputs=plan.inputs, outputs=[o.spec for o in plan.outputs],
-        main=(kernel_source(plan, name, launch), launch_arguments(plan, launch), tuple(alignment)),
-        fallback=(fallback, launch_arguments(plan, scalar)) if fallback else None)
+    return _SPEC_MODEL.substitute(
+        tag=tag(plan, launch), name=name, how=spread + " and run by the C++ launch op",
+        inputs=_signatures(plan.inputs), outputs=_signatures(o.spec for o in plan.outputs),
+        main_source=kernel_source(plan, name, launch), main_launch=launch_arguments(plan, launch),
+        alignment=tuple(alignment),
+        fallback_source=f"r'''{fallback}'''" if fallback else None,
+        fallback_launch=launch_arguments(plan, scalar) if fallback else None)
+
+
+def _signatures(specs) -> str:
+    return "[" + ", ".join(f"({s.shape}, {s.stride}, {s.dtype!r})" for s in specs) + "]"

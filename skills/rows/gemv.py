@@ -24,7 +24,7 @@ import torch.fx as fx
 from agent_backend.specs import Task
 from agent_backend.task import Subgraph
 from skills.pointwise.errors import Unsupported
-from skills.pointwise.plan import metas_until
+from skills.pointwise.plan import meta_result
 from skills.rewrites.graph import aten, call, copy_graph, plain_product_problem
 
 PRODUCTS = {aten.mm.default, aten.addmm.default}
@@ -54,10 +54,24 @@ def lower_products(task: Task) -> Task:
         return task
     graph = copy_graph(task.graph_module)
     products = [n for n in graph.nodes if n.op == "call_function" and n.target in PRODUCTS]
-    metas = metas_until(graph, task.inputs, products[-1])
+    metas = _metas(graph, task, products[-1])
     for node in products:
         _lower(graph, node, metas)
     return dataclasses.replace(task, graph_module=Subgraph(graph))
+
+
+def _metas(graph: fx.Graph, task: Task, last: fx.Node) -> dict[fx.Node, torch.Tensor]:
+    """Every value up to `last` as a meta tensor, from meta tensors of the task's inputs (not the
+    nodes' metadata: a task may be resized, or its graph carry none)."""
+    placeholders = [n for n in graph.nodes if n.op == "placeholder"]
+    metas = {p: torch.empty_strided(s.shape, s.stride, dtype=s.torch_dtype, device="meta")
+             for p, s in zip(placeholders, task.inputs)}
+    for node in graph.nodes:
+        if node.op == "call_function":
+            metas[node] = meta_result(node, metas)  # Unsupported where an op fails on meta tensors
+            if node is last:
+                break
+    return metas
 
 
 def _lower(graph: fx.Graph, product: fx.Node, metas: dict[fx.Node, torch.Tensor]) -> None:
