@@ -159,6 +159,8 @@ def describe(timing: ContextTiming) -> str:
         text += f", {timing.gpu_speedup:.2f}x on the GPU"
     if None not in (timing.ours_host_ms, timing.inductor_host_ms):
         text += f" (host {timing.ours_host_ms:.4g} ms vs {timing.inductor_host_ms:.4g} ms)"
+    if timing.flush:
+        text += f", after a {timing.flush} flush of the L2 (the less favourable to ours)"
     return text
 
 

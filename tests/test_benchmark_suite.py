@@ -194,6 +194,26 @@ def test_a_row_whose_host_time_exceeds_its_gpu_time_is_marked_host_bound():
     assert "1.50x (host-bound: host 0.035 / 0.05 ms, paced 1.43x) vs Inductor" in line(0.035)
 
 
+def test_a_problem_timed_after_both_flushes_reads_the_less_favourable_ratio_with_each_beside():
+    from agent_backend.env.profile import Timing, summarize
+    from benchmarks.suite.runner import _vs_inductor
+
+    def stats(write_ms, read_ms):
+        return summarize([Timing(write_ms, 0.001, 0.0, "write"), Timing(read_ms, 0.001, 0.0, "read")] * 3, 0.0)
+    ratios = _vs_inductor(stats(0.020, 0.020), stats(0.022, 0.0194))
+    assert ratios["vs_inductor"] == pytest.approx(0.97)
+    assert ratios["vs_inductor_by_flush"] == {"write": pytest.approx(1.10), "read": pytest.approx(0.97)}
+    row = {"problem": "p", "level": 1, "group": "single-op", "dtype": "bf16", "mode": "inference", "status": "ok",
+           **ratios, "floor": None, "kernels": [], "subgraphs": {"ours": 0, "tasks": 1},
+           "compile_s": {"ours": 1.0, "inductor": 1.0},
+           "correct": {c: {"verdict": "ok", "max_err": 0.0} for c in ("ours", "inductor")},
+           "ms": {"ours": stats(0.020, 0.020), "inductor": stats(0.022, 0.0194), "eager": {"median": 0.04}}}
+    assert "0.97x (write 1.10x, read 0.97x) vs Inductor" in report.console_line(row)
+    assert report.summarize([row], "level 1")["geomean_vs_inductor"] == pytest.approx(0.97)
+    one_way = _vs_inductor({"median": 0.02, "host_median": 0.001}, {"median": 0.03, "host_median": 0.001})
+    assert one_way == {"vs_inductor": pytest.approx(1.5)}
+
+
 @pytest.mark.slow
 def test_dry_run_through_the_backend_writes_json_and_markdown(tmp_path, capsys):
     """Three tiny problems (an op, a rewrite problem, a training step) compiled with Inductor and
@@ -279,26 +299,31 @@ def test_gate_compare_counts_skipped_pointwise_tasks_and_the_wins_a_full_search_
     assert gate_compare.main([str(gated), str(tmp_path / "missing.json")]) == 2
 
 
-def test_the_timer_flushes_the_l2_by_writing_or_by_reading_and_says_which():
-    """--flush: the worker's write flush (the default, and what the search always uses) or a read
-    flush (a clean, cold L2); the run's header names it; anything else is refused."""
+def test_the_timer_flushes_the_l2_by_writing_or_by_reading_or_both_and_says_which():
+    """--flush: both in alternate rounds (the default, as the worker times), a write flush (dirty
+    lines to write back) or a read flush (a clean, cold L2); the run's header names it; anything
+    else is refused."""
     from agent_backend.env.profile import CudaTimer
     from benchmarks.suite import timing
     parser = cli.build_parser()
-    assert parser.parse_args([]).flush == "write" and parser.parse_args(["--flush", "read"]).flush == "read"
+    assert parser.parse_args([]).flush == "both" and parser.parse_args(["--flush", "read"]).flush == "read"
     with pytest.raises(SystemExit):
         parser.parse_args(["--flush", "none"])
     assert "by writing (dirty)" in timing.describe("cuda") and "by reading (clean)" in timing.describe("cuda", "read")
+    assert "alternate rounds" in timing.describe("cuda", "both")
     assert timing.describe("cpu", "read") == timing.describe("cpu")  # the dry run times the host
     with pytest.raises(ValueError, match="flush must be one of"):
         CudaTimer(torch.device("cuda"), 1.0, flush="none")
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("flush", ["write", "read"])
-def test_either_flush_times_a_copy_on_the_gpu(flush):
+@pytest.mark.parametrize("flush", ["write", "read", "both"])
+def test_each_flush_times_a_copy_on_the_gpu(flush):
     from benchmarks.suite import timing
     src = torch.randn(1 << 24, device="cuda")
     dst = torch.empty_like(src)
     stats = timing.time_interleaved({"copy": lambda: dst.copy_(src)}, rounds=2, calls=3, device="cuda", flush=flush)
     assert stats["copy"]["trials"] == 6 and 0 < stats["copy"]["median"] < 10
+    assert ("by_flush" in stats["copy"]) == (flush == "both")
+    if flush == "both":  # a round each
+        assert {f: s["trials"] for f, s in stats["copy"]["by_flush"].items()} == {"write": 3, "read": 3}

@@ -324,3 +324,34 @@ def test_a_launch_bound_candidate_is_judged_on_its_launch_time():
     assert counted_speedup({"median": 0.005, "host_median": 0.002}, inductor) == pytest.approx(2.0)
     assert counted_speedup({"median": 0.005, "host_median": 0.020}, inductor) == pytest.approx(0.5)
     assert counted_speedup({"median": 0.005, "host_median": 0.002}, None) is None
+
+
+def _timings(flush: str, ms: list[float], host_ms: float = 0.001):
+    from agent_backend.env.profile import Timing
+    return [Timing(m, host_ms, 0.0, flush) for m in ms]
+
+
+def test_calls_timed_after_two_flushes_are_summarized_apart_as_well():
+    from agent_backend.env.profile import summarize
+    stats = summarize(_timings("write", [1.0, 1.2, 1.1]) + _timings("read", [2.0, 2.2, 2.1, 2.3]), 0.0)
+    assert stats["trials"] == 7 and stats["median"] == pytest.approx(2.0)
+    assert stats["by_flush"]["write"]["median"] == pytest.approx(1.1) and stats["by_flush"]["write"]["trials"] == 3
+    assert stats["by_flush"]["read"]["median"] == pytest.approx(2.15) and "by_flush" not in stats["by_flush"]["read"]
+    assert "by_flush" not in summarize(_timings("write", [1.0, 2.0]), 0.0)
+
+
+def test_a_candidate_is_judged_under_the_flush_less_favourable_to_it():
+    """A kernel 1.10x Inductor after a write flush and 0.97x after a read one (as the skinny
+    template's was) is judged at 0.97x: no win."""
+    from agent_backend.env.profile import less_favourable_flush, summarize
+    ours = summarize(_timings("write", [1.00] * 10) + _timings("read", [1.00] * 10), 0.0)
+    inductor = summarize(_timings("write", [1.10] * 10) + _timings("read", [0.97] * 10), 0.0)
+    judged, inductor_judged, flush = less_favourable_flush(ours, inductor)
+    assert flush == "read" and inductor_judged["median"] / judged["median"] == pytest.approx(0.97)
+    # host time counts as in the judgement: by GPU time alone the read flush is worse for this
+    # launch-bound call (1.43x against 1.6x), by counted time the write flush (1.07x against 1.33x)
+    launch_bound = summarize(_timings("write", [1.0] * 4, host_ms=1.5) + _timings("read", [1.4] * 4, host_ms=1.5), 0.0)
+    inductor = summarize(_timings("write", [1.6] * 4) + _timings("read", [2.0] * 4), 0.0)
+    assert less_favourable_flush(launch_bound, inductor)[2] == "write"
+    one_way = summarize(_timings("write", [1.0, 1.0]), 0.0)
+    assert less_favourable_flush(one_way, one_way) == (one_way, one_way, None)

@@ -131,6 +131,8 @@ def test_a_winner_that_removes_work_is_kept_and_runs(cache_dir, device):
     torch.testing.assert_close(out, gemm_then_sum(x, w), rtol=1e-4, atol=1e-2)
     assert decision.winner_key == keys[GEMM_SUM_OPS], decision.reason
     assert "in context: the whole graph ran" in decision.reason, decision.reason
+    # on a GPU, times after both L2 flushes: the reason gives those of the one less favourable to ours
+    assert ("flush of the L2" in decision.reason) is (device == "cuda"), decision.reason
     assert runtime.registered(keys[GEMM_SUM_OPS]).calls >= 1
     (entry,) = _context_entries(cache_dir)
     assert entry.timings["kept"] is True and entry.timings["speedup"] > 1.0, entry.timings
@@ -429,6 +431,9 @@ def test_a_tie_on_host_time_keeps_a_kernel_faster_on_the_gpu(ours, inductor, our
     # the worker's host times, where its reply has them, show what made a graph host-bound
     with_host = ContextTiming("passed", "", ours, inductor, "cuda:0", ours_gpu, inductor_gpu, 0.03, 0.02)
     assert "(host 0.03 ms vs 0.02 ms)" in describe(with_host) and keeps(with_host) is kept
+    # the worker's times after both flushes are those of the one less favourable to ours: it says which
+    flushed = ContextTiming("passed", "", ours, inductor, "cuda:0", ours_gpu, inductor_gpu, flush="read")
+    assert "after a read flush of the L2" in describe(flushed) and "flush" not in describe(timing)
 
 
 def test_a_verdict_cached_under_an_older_rule_keeps_kernels_only_where_todays_rule_does():

@@ -320,7 +320,7 @@ class Environment:
             data = reply.data
             return ContextTiming(data["status"], data.get("reason", ""), data.get("ours_ms"), data.get("inductor_ms"),
                                  handle.device, data.get("ours_gpu_ms"), data.get("inductor_gpu_ms"),
-                                 data.get("ours_host_ms"), data.get("inductor_host_ms"))
+                                 data.get("ours_host_ms"), data.get("inductor_host_ms"), data.get("judged_flush"))
 
 
 class _Evaluation:

@@ -100,6 +100,7 @@ class ContextTiming:
     inductor_gpu_ms: float | None = None
     ours_host_ms: float | None = None  # and host time alone (the worker's, not the user's process's)
     inductor_host_ms: float | None = None
+    flush: str | None = None  # the L2 flush the times are from: the one less favourable to ours (profile.py)
 
     def __post_init__(self):
         if self.status not in STATUSES:

@@ -22,7 +22,7 @@ import torch
 import torch._functorch.config
 
 from agent_backend.dispatch import user_precision
-from agent_backend.env.profile import FLUSHES
+from agent_backend.env.profile import TIMER_FLUSHES
 from agent_backend.options import resolve
 from agent_backend.warm import parse_options
 
@@ -48,10 +48,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("-o", "--option", action="append", default=[], metavar="NAME=VALUE",
                         help="a cuda_agent backend option, VALUE as JSON where it parses (e.g. -o search_budget_s=60)")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--flush", choices=FLUSHES, default="write",
-                        help="how the L2 is flushed before each timed call: write (the worker's timer, "
-                             "as do_bench: the call pays the dirty lines' write-back) or read (a clean, cold "
-                             "L2); the backend's own search always times as the worker does (default: write)")
+    parser.add_argument("--flush", choices=TIMER_FLUSHES, default="both",
+                        help="how the L2 is flushed before each timed call: write (as do_bench: the call pays "
+                             "the dirty lines' write-back), read (a clean, cold L2) or both, in alternate rounds, "
+                             "ours judged under the one less favourable to it, as the backend's search judges "
+                             "its candidates (default: both)")
     parser.add_argument("--settle", type=float, default=0.0, metavar="SECONDS",
                         help="with -o mode=background: after the first compile, wait up to SECONDS for the "
                              "background work and compile again (up to 3 times, while work remains), then time "

@@ -3,7 +3,8 @@
 Each round times `calls` calls of every contender in turn (the contender that goes first moves
 on by one each round, so none always follows the same neighbour). Each call is timed by the
 worker's own timer (agent_backend.env.profile.CudaTimer): the L2 cache is flushed (by writing
-it, as the worker does; `--flush read` reads it instead, leaving nothing to write back), a GPU sleep
+it; `--flush read` reads it instead, leaving nothing to write back; `--flush both` alternates the
+two by round, as the worker does, and judges ours under the less favourable), a GPU sleep
 that outlasts the host's work of launching the call is queued, then come the start event, the
 call and the end event. Without that sleep the window caught the host's per-call work whenever
 it outlasted the flush (seen on an H100, 2026-11-24: the same Inductor code measured 17 us at p10
@@ -29,8 +30,9 @@ def describe(device: str, flush: str = "write") -> str:
 def time_interleaved(contenders: dict[str, Callable[[], object]], rounds: int, calls: int, device: str,
                      warmup: int = 2, flush: str = "write") -> dict[str, dict]:
     """name -> the timing stats of its `rounds` x `calls` timed calls (profile.summarize: median,
-    p10, p90, trials, host_median; milliseconds); `flush`: how the L2 is flushed before each
-    call (profile.FLUSHES)."""
+    p10, p90, trials, host_median; milliseconds; with `flush` "both", the same per flush under
+    "by_flush"); `flush`: how the L2 is flushed before each call (profile.TIMER_FLUSHES: "both"
+    alternates write and read by round)."""
     dev = torch.device(device)
     timer = make_timer(dev, sleep_cycles_per_ms(dev) if dev.type == "cuda" else 0.0, flush)
     warm = [timer.time_call(fn) for fn in contenders.values() for _ in range(max(warmup, 1))]
@@ -38,6 +40,7 @@ def time_interleaved(contenders: dict[str, Callable[[], object]], rounds: int, c
     names = list(contenders)
     samples: dict[str, list[Timing]] = {name: [] for name in names}
     for r in range(rounds):
+        timer.begin_round(r)
         for name in names[r % len(names):] + names[:r % len(names)]:
             samples[name] += [timer.time_call(contenders[name]) for _ in range(calls)]
     drain_floor_ms = min(t.drain_ms for timings in samples.values() for t in timings)
