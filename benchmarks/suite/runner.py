@@ -20,7 +20,6 @@ from torch._inductor.utils import fresh_cache
 
 from agent_backend import background, backend
 from agent_backend.env.floors import copy_call
-from agent_backend.env.profile import less_favourable_flush
 
 from . import correctness, kernels, timing
 from .problem import Problem, build, make_call
@@ -136,14 +135,12 @@ def _measure(problem: Problem, dtype: str, cfg: RunConfig) -> dict:
 
 
 def _vs_inductor(ours: dict, inductor: dict) -> dict:
-    """Inductor's GPU time over ours ("vs_inductor"); timed after both flushes, that under the one
-    less favourable to ours, as the worker judges a candidate, with each flush's beside it."""
-    judged, inductor_judged, _ = less_favourable_flush(ours, inductor)
-    ratios = {"vs_inductor": inductor_judged["median"] / judged["median"]}
-    if "by_flush" in ours:
-        ratios["vs_inductor_by_flush"] = {f: inductor["by_flush"][f]["median"] / stats["median"]
-                                          for f, stats in ours["by_flush"].items()}
-    return ratios
+    """Inductor's GPU time over ours ("vs_inductor"); timed after both flushes, the lesser of the
+    two flushes' ratios (the worker judges a candidate so, by counted time), each beside it."""
+    if "by_flush" not in ours:
+        return {"vs_inductor": inductor["median"] / ours["median"]}
+    ratios = {f: inductor["by_flush"][f]["median"] / stats["median"] for f, stats in ours["by_flush"].items()}
+    return {"vs_inductor": min(ratios.values()), "vs_inductor_by_flush": ratios}
 
 
 def _settle(calls: dict, cfg: RunConfig) -> tuple[list, list, list, dict]:
