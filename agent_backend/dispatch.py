@@ -183,12 +183,13 @@ class Dispatcher:
 
     def search_again(self, entry, task: Task) -> bool:
         """Whether a cached result is worth a new search: a stale loser, a rewrite winner our
-        rules no longer write, or a task the gate skipped under a bar that no longer skips it (or
-        with the gate now off)."""
+        rules no longer write, a winner timed after one kind of L2 flush only, or a task the gate
+        skipped under a bar that no longer skips it (or with the gate now off)."""
         recorded = entry.timings.get("gate") or {}
         gated_off = recorded.get("skipped") and not (
             self.settings.gate and gate.still_skips(recorded, self.settings.min_speedup, self.settings.gate_slack))
-        return self.is_stale_loser(entry) or self.is_stale_rewrite(entry, task) or bool(gated_off)
+        return (self.is_stale_loser(entry) or self.is_stale_rewrite(entry, task) or timed_one_way(entry)
+                or bool(gated_off))
 
     def written_by_another_policy(self, entry) -> bool:
         """Whether another policy, or another revision of ours, wrote `entry`."""
@@ -423,6 +424,13 @@ def _launch_spec(entry, key: str):
         log.warning("cuda_agent: the launch spec of cached kernel %s is damaged (%s); its source is run instead",
                     key[:12], e)
         return None
+
+
+def timed_one_way(entry) -> bool:
+    """A winner whose profile timed it after one kind of L2 flush only (the worker's timer before
+    it alternated a write and a read): its win may have been that flush's favour, as a skinny
+    product kernel's 1.10x after a write flush was 0.97x after a read (env/profile.py)."""
+    return entry.outcome == "kernel" and "by_flush" not in (entry.timings.get("ours_ms") or {})
 
 
 @functools.cache

@@ -10,7 +10,7 @@ from torch._inductor.utils import run_and_get_code
 from agent_backend import backend, runtime
 from agent_backend.env import launch_op
 from agent_backend.options import resolve
-from helpers import assert_close_lists, collect_tasks, put_cached_entry, run_fwd_bwd
+from helpers import TIMED_BOTH_WAYS, assert_close_lists, collect_tasks, put_cached_entry, run_fwd_bwd
 
 # Hand-written candidate for x * sigmoid(x) + bias, in the KernelBench answer format.
 SWISH_BIAS = '''
@@ -152,10 +152,10 @@ def test_team_entry_runs_only_when_signed_with_a_trusted_key(cache_dir, tmp_path
     assert_close_lists(out, eager, 1e-5, 1e-5, "output")
 
 
-def _entry(outcome, provenance):
+def _entry(outcome, provenance, timings=None):
     from kernel_cache import Entry
     return Entry(outcome=outcome, reason="test", source="class ModelNew: pass" if outcome == "kernel" else None,
-                 provenance=provenance)
+                 provenance=provenance, timings=timings or {})
 
 
 def test_only_losers_from_another_policy_or_revision_are_stale():
@@ -188,14 +188,29 @@ def test_a_rewrite_winner_our_rules_no_longer_write_is_searched_again():
     no_longer_written = candidate.source.replace("aten.mul.Tensor", "aten.mm.default")
 
     def winner(source, provenance):
-        return Entry(outcome="kernel", reason="test", source=source, origin=candidate.origin, provenance=provenance)
+        return Entry(outcome="kernel", reason="test", source=source, origin=candidate.origin, provenance=provenance,
+                     timings=TIMED_BOTH_WAYS)
 
     assert no_longer_written != candidate.source
     assert dispatcher.is_stale_rewrite(winner(no_longer_written, older), task)
     assert dispatcher.search_again(winner(no_longer_written, older), task)
     assert not dispatcher.is_stale_rewrite(winner(candidate.source, older), task), "the rules still write it"
     assert not dispatcher.is_stale_rewrite(winner(no_longer_written, ours), task), "this revision's rules wrote it"
-    assert not dispatcher.search_again(_entry("kernel", older), task), "a winner of another origin stays"
+    assert not dispatcher.search_again(_entry("kernel", older, TIMED_BOTH_WAYS), task), "a winner of another origin stays"
+
+
+def test_a_winner_timed_after_one_kind_of_l2_flush_only_is_searched_again():
+    """Winners cached before the worker's timer alternated a write and a read flush were judged
+    after the write alone: where a search can run, they are judged again (in mode=cached they run)."""
+    from agent_backend.dispatch import Dispatcher, timed_one_way
+    dispatcher = Dispatcher(resolve({}))
+    ours = {"policy": "builtin", "policy_revision": dispatcher.policy.revision}
+    task = _swish_task(Net(), torch.randn(4, 16))
+    one_way = _entry("kernel", ours, {"counted_speedup": 1.3, "ours_ms": {"median": 0.01, "host_median": 0.005}})
+    assert timed_one_way(one_way) and dispatcher.search_again(one_way, task)
+    both = _entry("kernel", ours, TIMED_BOTH_WAYS)
+    assert not timed_one_way(both) and not dispatcher.search_again(both, task)
+    assert not timed_one_way(_entry("inductor", ours)), "a loser's timings say nothing of a win"
 
 
 def test_policy_revision_follows_the_template_sources(tmp_path):
