@@ -86,14 +86,26 @@ def outcome_of(profile: dict, origin: str) -> tuple[str, str]:
     """The cache outcome ("kernel" or "inductor") of the best candidate's profile, and why."""
     speedup = profile["speedup_vs_inductor"]
     if profile["wins"]:  # faster than Inductor by more than the environment's min_speedup
-        return "kernel", f"{speedup:.2f}x faster than Inductor ({origin})"
+        return "kernel", f"{speedup:.2f}x faster than Inductor ({origin}){_judged_after(profile)}"
     if speedup is None:
         return "inductor", f"not timed against Inductor: {profile.get('note', 'no Inductor time')}"
     if needs_context(profile):
         return "kernel", (f"{speedup:.2f}x faster than Inductor on the GPU ({origin}), but its launch "
                           f"({profile['ours_ms']['host_median'] * 1e3:.1f} us) takes longer than it runs: it runs "
                           f"only where its graph is faster with it")
-    return "inductor", f"Inductor wins: best candidate {speedup:.2f}x of Inductor's speed"
+    return "inductor", f"Inductor wins: best candidate {speedup:.2f}x of Inductor's speed{_judged_after(profile)}"
+
+
+def _judged_after(profile: dict) -> str:
+    """Where the profile timed both kinds of L2 flush: the one its speedup is judged after (the
+    less favourable to ours) and the other's GPU speedup."""
+    judged = profile.get("judged_flush")
+    if not judged:
+        return ""
+    ours, theirs = profile["ours_ms"]["by_flush"], profile["inductor_ms"]["by_flush"]
+    others = ", ".join(f"{theirs[f]['median'] / max(ours[f]['median'], 1e-9):.2f}x after a {f} flush"
+                       for f in ours if f != judged)
+    return f", after a {judged} flush of the L2 (the less favourable; {others})"
 
 
 def rank(profile: dict) -> float:

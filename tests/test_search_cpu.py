@@ -96,6 +96,14 @@ def test_the_outcome_of_a_search_follows_its_best_profile():
     assert outcome_of(_profile(1.5, 103.7, wins=False, gpu_wins=False), "x")[0] == "inductor"
     assert outcome_of(dict(_profile(1.0, 1.0, wins=False), speedup_vs_inductor=None, note="n"), "x") == \
         ("inductor", "not timed against Inductor: n")
+    # timed after both kinds of L2 flush: the reason says which one the speedup is judged after
+    both = dict(_profile(1.06, 10.0, wins=True), judged_flush="read",
+                ours_ms={"by_flush": {"write": {"median": 0.030}, "read": {"median": 0.034}}},
+                inductor_ms={"by_flush": {"write": {"median": 0.0351}, "read": {"median": 0.036}}})
+    assert outcome_of(both, "x") == ("kernel", "1.06x faster than Inductor (x), after a read flush of the L2 "
+                                               "(the less favourable; 1.17x after a write flush)")
+    assert outcome_of(dict(both, wins=False, gpu_wins=False), "x")[1].endswith("(the less favourable; 1.17x after a "
+                                                                               "write flush)")
 
 
 def test_the_best_candidate_is_the_fastest_against_inductor_timed_beside_it():
