@@ -1,6 +1,7 @@
 """What the L2 flush before each timed call costs a short kernel. The worker's profiler and the
-suite flush by writing a buffer of twice the L2 size: the L2 is then full of dirty lines, and the
-timed kernel's reads evict them, that is, write them back to memory. On an H100 (2026-11-24) every
+suite flushed by writing a buffer of twice the L2 size (since 2026-12-06 they alternate that with a
+read flush, profile.TIMER_FLUSHES): the L2 is then full of dirty lines, and the timed kernel's
+reads evict them, that is, write them back to memory. On an H100 (2026-11-24) every
 contender of the level-1 long-row reductions (16 x 393216, 25 MB in fp32) ran 13-25 us against a
 floor of 8 us, eager included: this script tells whether the flush is that fixed cost.
 
