@@ -196,7 +196,8 @@ def test_a_rewrite_winner_our_rules_no_longer_write_is_searched_again():
     assert dispatcher.search_again(winner(no_longer_written, older), task)
     assert not dispatcher.is_stale_rewrite(winner(candidate.source, older), task), "the rules still write it"
     assert not dispatcher.is_stale_rewrite(winner(no_longer_written, ours), task), "this revision's rules wrote it"
-    assert not dispatcher.search_again(_entry("kernel", older, TIMED_BOTH_WAYS), task), "a winner of another origin stays"
+    assert not dispatcher.search_again(_entry("kernel", older, TIMED_BOTH_WAYS), task), \
+        "a winner of another origin stays"
 
 
 def test_a_winner_timed_after_one_kind_of_l2_flush_only_is_searched_again():
