@@ -12,6 +12,7 @@ from typing import Callable
 from kernel_cache import Entry, make_provenance
 
 from . import gate
+from .env.profile import gpu_speedups_by_flush
 from .env.results import Evaluation, counted_ms, needs_context
 from .specs import Candidate, Task
 
@@ -102,9 +103,8 @@ def _judged_after(profile: dict) -> str:
     judged = profile.get("judged_flush")
     if not judged:
         return ""
-    ours, theirs = profile["ours_ms"]["by_flush"], profile["inductor_ms"]["by_flush"]
-    others = ", ".join(f"{theirs[f]['median'] / max(ours[f]['median'], 1e-9):.2f}x after a {f} flush"
-                       for f in ours if f != judged)
+    speedups = gpu_speedups_by_flush(profile["ours_ms"], profile["inductor_ms"])
+    others = ", ".join(f"{r:.2f}x after a {f} flush" for f, r in speedups.items() if f != judged)
     return f", after a {judged} flush of the L2 (the less favourable; {others})"
 
 

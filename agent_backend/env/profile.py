@@ -222,6 +222,14 @@ def less_favourable_flush(ours: dict, inductor: dict) -> tuple[dict, dict, str |
     return ours["by_flush"][flush], inductor["by_flush"][flush], flush
 
 
+def gpu_speedups_by_flush(ours: dict, inductor: dict) -> dict[str, float]:
+    """Inductor's GPU median over ours after each kind of L2 flush both were timed after; {}
+    where they were timed one way."""
+    if "by_flush" not in ours or "by_flush" not in inductor:
+        return {}
+    return {f: inductor["by_flush"][f]["median"] / max(stats["median"], 1e-9) for f, stats in ours["by_flush"].items()}
+
+
 def profile_candidate(verifier: Verifier, contenders: dict[str, Callable[..., Any]],
                       input_sets: list[list[torch.Tensor]], timer: CudaTimer | CpuTimer, watch: StateWatch,
                       min_speedup: float, note: str | None = None) -> tuple[dict | None, Failure | None]:

@@ -20,6 +20,7 @@ from torch._inductor.utils import fresh_cache
 
 from agent_backend import background, backend
 from agent_backend.env.floors import copy_call
+from agent_backend.env.profile import gpu_speedups_by_flush
 
 from . import correctness, kernels, timing
 from .problem import Problem, build, make_call
@@ -137,9 +138,9 @@ def _measure(problem: Problem, dtype: str, cfg: RunConfig) -> dict:
 def _vs_inductor(ours: dict, inductor: dict) -> dict:
     """Inductor's GPU time over ours ("vs_inductor"); timed after both flushes, the lesser of the
     two flushes' ratios (the worker judges a candidate so, by counted time), each beside it."""
-    if "by_flush" not in ours:
+    ratios = gpu_speedups_by_flush(ours, inductor)
+    if not ratios:
         return {"vs_inductor": inductor["median"] / ours["median"]}
-    ratios = {f: inductor["by_flush"][f]["median"] / stats["median"] for f, stats in ours["by_flush"].items()}
     return {"vs_inductor": min(ratios.values()), "vs_inductor_by_flush": ratios}
 
 
