@@ -27,6 +27,9 @@ benchmarks/results/phase_probe-h200-torch2.11-2026-11-26-twentythird.txt.
   benchmarks/results/phase_probe-h200-torch2.11-2026-11-26-twentyfourth.txt.
 
     python benchmarks/rows_phases.py bench bf16 fp32 --only copy,tma,gen
+
+It also times benchmarks/rows_stagger.py's kernels (a layout where each block holds a slice of
+every row): `--only copy,stagger,warp`.
 """
 from __future__ import annotations
 
@@ -521,6 +524,7 @@ def variant_model(dtype: str, kernel: str, extra: dict, cooperative: bool):
 
 
 def main(mode: str, dtype: str, only: tuple[str, ...] = ()) -> None:
+    from benchmarks.rows_stagger import stagger_variants  # it builds on this module's COMMON
     x = (torch.randn(ROWS, ROW_LENGTH, device="cuda") * 2).to(torch.bfloat16 if dtype == "bf16" else torch.float32)
     expected = torch.softmax(x.float(), -1).to(x.dtype)
     plan, generated = generated_plan(dtype)
@@ -530,7 +534,8 @@ def main(mode: str, dtype: str, only: tuple[str, ...] = ()) -> None:
                    for k, (kern, extra, coop) in VARIANTS.items()},
                 **{k: (kern, lambda kern=kern, e=extra: tma_model(dtype, kern, e))
                    for k, (kern, extra) in TMA_VARIANTS.items()},
-                **{f"gen-G{g}": ("gen_groups", lambda g=g: gen_groups_model(dtype, g, preamble)) for g in GEN_GROUPS}}
+                **{f"gen-G{g}": ("gen_groups", lambda g=g: gen_groups_model(dtype, g, preamble)) for g in GEN_GROUPS},
+                **stagger_variants(dtype)}
     for label, (kernel, make) in variants.items():
         if only and not label.startswith(only):
             continue
@@ -540,9 +545,9 @@ def main(mode: str, dtype: str, only: tuple[str, ...] = ()) -> None:
             for _ in range(3):  # the counters' rounds too
                 out = model(x, counters)
                 torch.cuda.synchronize()
-                if kernel in ("pipe", "tma_softmax", "gen_groups"):
+                if kernel in ("pipe", "tma_softmax", "gen_groups", "stagger"):
                     assert torch.allclose(out.float(), expected.float(), rtol=2e-2, atol=1e-6), "differs from softmax"
-                elif kernel in ("copy", "tma_copy"):
+                elif kernel in ("copy", "tma_copy", "stagger-copy"):
                     assert torch.equal(out, x), "not a copy"
         except Exception as e:  # noqa: BLE001 - a variant may fail: say so, time the rest
             print(label, "failed:", str(e).splitlines()[0][:200], flush=True)
