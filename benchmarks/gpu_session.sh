@@ -33,6 +33,9 @@
 #   benchmarks/gpu_session.sh probes         # launch shapes and kernels not in the templates yet, against Inductor:
 #                                            # split long-row softmax in shared memory (rows_ceiling.py softmax_long)
 #                                            # and wider transpose tiles (transpose_probe.py)
+#   benchmarks/gpu_session.sh stagger [LABELS] # the 16 x 393216 softmax on rows_stagger.py's layout (each block a
+#                                            # slice of every row): its one-exchange kernels (stagger-sync) by
+#                                            # default, or the comma-separated label prefixes given
 #   benchmarks/gpu_session.sh many-long-rows # softmax over 1024 x 393216 (the suite's softmax_many_long_rows):
 #                                            # every launch of the backend's candidates (rows_plans.py), then
 #                                            # the hand-written persistent kernels over as many rows
@@ -44,7 +47,7 @@
 # H100 machine, 2026-11-23) costs that file only, and its exit status is recorded.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-usage="usage: $0 tests|in-context|transformers|models|level1|level2|compile|gate|dispatch|columns|probes|"
+usage="usage: $0 tests|in-context|transformers|models|level1|level2|compile|gate|dispatch|columns|probes|stagger|"
 phase=${1:?"${usage}many-long-rows|flush"}
 out=${OUT:-benchmarks/results/session-$(date +%F)}
 mkdir -p "$out"
@@ -146,6 +149,15 @@ case "$phase" in
     { header "probes"; python3 benchmarks/rows_ceiling.py softmax_long; python3 benchmarks/transpose_probe.py; } \
       >"$out/probes.log" 2>&1
     grep -v DEBUG "$out/probes.log" | tail -n 40
+    ;;
+  stagger)
+    # the 16 x 393216 softmax on the layout where each block holds a slice of every row
+    # (benchmarks/rows_stagger.py) beside the generated kernel, its copies and Inductor
+    shift
+    labels=${1:-copy,stagger-copy,stagger-sync,staggerw-sync,stagger2-sync}
+    { header "stagger layout"; timeout 300 python3 benchmarks/rows_phases.py bench bf16 fp32 --only "$labels"; } \
+      >"$out/stagger.log" 2>&1
+    grep -v -e DEBUG -e checked "$out/stagger.log" | tail -n 12
     ;;
   many-long-rows)
     { header "many long rows"
