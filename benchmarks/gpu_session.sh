@@ -154,7 +154,7 @@ case "$phase" in
     # the 16 x 393216 softmax on the layout where each block holds a slice of every row
     # (benchmarks/rows_stagger.py) beside the generated kernel, its copies and Inductor
     shift
-    labels=${1:-copy,stagger-copy,stagger-sync,staggerw-sync,stagger2-sync}
+    labels=${1:-copy,stagger-copy,staggerp-copy,stagger-sync,staggerw-sync,stagger2-sync,staggerp-sync,staggerp2-sync}
     { header "stagger layout"; timeout 300 python3 benchmarks/rows_phases.py bench bf16 fp32 --only "$labels"; } \
       >"$out/stagger.log" 2>&1
     grep -v -e DEBUG -e checked "$out/stagger.log" | tail -n 12

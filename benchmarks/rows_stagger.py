@@ -15,7 +15,8 @@ benchmarks/rows_phases.py beside the generated kernel, Inductor and copies:
 - warp-W*: each warp a part of one row (WPR warps a row a block), the pairs as epoch words;
   warp-grid-W*: one grid.sync() instead.
 - stagger*-sync: the stagger layout with the generated kernel's one exchange: every row's pair,
-  one grid.sync(), then each warp folds whole rows.
+  one grid.sync(), then each warp folds whole rows (staggerp-*, staggerp2-*: 96 or 192 blocks, so
+  that a block's threads are a power of two, as the rows template's are).
 
 On an H100, 2026-12-06: benchmarks/results/stagger_probe-h100-torch2.11-2026-12-06-thirtyfifth.txt.
 """
@@ -455,15 +456,20 @@ stagger_sync(const E* __restrict__ in, int* cnt, E* __restrict__ out, float2* ws
 }
 """
 # stagger variants: (blocks, threads, blocks an SM) by dtype and layout, then label: layout, defines
-STAGGER_SHAPES = {"bf16": {"": (128, 384, 1), "2": (256, 192, 2), "w": (128, 192, 1)},
-                  "fp32": {"": (128, 768, 1), "2": (256, 384, 2), "w": (128, 384, 1)}}
+# (p, p2: threads a power of two, as the rows template's blocks have, so 96 or 192 blocks, not 128)
+STAGGER_SHAPES = {"bf16": {"": (128, 384, 1), "2": (256, 192, 2), "w": (128, 192, 1), "p": (96, 512, 1),
+                           "p2": (192, 256, 2)},
+                  "fp32": {"": (128, 768, 1), "2": (256, 384, 2), "w": (128, 384, 1), "p": (96, 1024, 1),
+                           "p2": (192, 512, 2)}}
 STAGGER_VARIANTS = {"stagger-copy": ("", {"COPY": 1, "D": 0}), "stagger2-copy": ("2", {"COPY": 1, "D": 0}),
                     "stagger-copy-sync": ("", {"COPY": 1, "D": 0, "SYNC": 1}), "stagger-D8": ("", {"COPY": 0, "D": 8}),
                     "stagger-E8": ("", {"COPY": 0, "D": 8, "EPOCH": 1}),
                     **{f"stagger{layout}-G{g}D{d}": (layout, {"COPY": 0, "D": d, "EPOCH": 1, "G": g})
                        for layout in ("", "w") for g in (2, 4) for d in (1, 2)},
                     "stagger-G8D1": ("", {"COPY": 0, "D": 1, "EPOCH": 1, "G": 8}),
-                    **{f"stagger{layout}-sync": (layout, {"COPY": 0, "D": 0, "SYNCK": 1}) for layout in ("", "w", "2")},
+                    **{f"stagger{layout}-sync": (layout, {"COPY": 0, "D": 0, "SYNCK": 1})
+                       for layout in ("", "w", "2", "p", "p2")},
+                    "staggerp-copy-sync": ("p", {"COPY": 1, "D": 0, "SYNC": 1}),
                     **{f"stagger{layout}-G4D1-nowait": (layout, {"COPY": 0, "D": 1, "EPOCH": 1, "G": 4, "NOWAIT": 1})
                        for layout in ("", "w")}}
 
