@@ -364,18 +364,24 @@ def tma_source(dtype: str, **extra) -> str:
     return "".join(f"#define {k} {v}\n" for k, v in values.items()) + TMA_KERNELS
 
 
+def probe_model(dtype: str, source: str, kernel: str, grid: int, block: int, workspace: int, **launch):
+    """Kernel `kernel` of `source` as a launch-op model of (x, counters) -> y over the 16 x 393216
+    rows in `dtype`: its arguments x, the counters, y and `workspace` bytes of scratch; `launch`:
+    KernelLaunch.compile's cluster, shared memory or cooperative launch."""
+    x = TensorSpec((ROWS, ROW_LENGTH), (ROW_LENGTH, 1), "bfloat16" if dtype == "bf16" else "float32", "cuda")
+    counters = TensorSpec((ROWS,), (1,), "int32", "cuda")
+    args = (Arg.input(0), Arg.input(1), Arg.output(0), Arg.workspace(workspace))
+    compiled = KernelLaunch.compile(source, kernel, grid=grid, block=block, args=args, **launch)
+    return launch_spec_model(LaunchSpec(inputs=(x, counters), outputs=(x,), kernels=(compiled,)))()
+
+
 def tma_model(dtype: str, kernel: str, extra: dict):
     """A TMA variant as a launch-op model of (x, counters) -> y: a cluster of blocks a row, one
     block an SM, the block's slice of the row in dynamic shared memory."""
-    x = TensorSpec((ROWS, ROW_LENGTH), (ROW_LENGTH, 1), "bfloat16" if dtype == "bf16" else "float32", "cuda")
-    counters = TensorSpec((ROWS,), (1,), "int32", "cuda")
     threads, cluster, _ = TMA_SHAPES[dtype]
     slice_bytes = ROW_LENGTH // cluster * (2 if dtype == "bf16" else 4)
-    args = (Arg.input(0), Arg.input(1), Arg.output(0), Arg.workspace(8))
-    launch = KernelLaunch.compile(tma_source(dtype, **extra), kernel, grid=ROWS * cluster,
-                                  block=extra.get("THREADS", threads), args=args, cluster=cluster,
-                                  shared_mem=max(slice_bytes, ONE_BLOCK_AN_SM))
-    return launch_spec_model(LaunchSpec(inputs=(x, counters), outputs=(x,), kernels=(launch,)))()
+    return probe_model(dtype, tma_source(dtype, **extra), kernel, ROWS * cluster, extra.get("THREADS", threads), 8,
+                       cluster=cluster, shared_mem=max(slice_bytes, ONE_BLOCK_AN_SM))
 
 # The generated kernel's own code (its preamble, online stats in double, grid.sync), its rows in G
 # groups: each block holds a slice of one row of every group, all loaded first; then for each
@@ -492,13 +498,9 @@ def gen_groups_source(dtype: str, groups: int, preamble: str) -> str:
 def gen_groups_model(dtype: str, groups: int, preamble: str):
     """gen_groups_source on the generated kernel's grid (SHAPES), as a launch-op model of
     (x, counters) -> y."""
-    x = TensorSpec((ROWS, ROW_LENGTH), (ROW_LENGTH, 1), "bfloat16" if dtype == "bf16" else "float32", "cuda")
-    counters = TensorSpec((ROWS,), (1,), "int32", "cuda")
     threads, split, _, _ = SHAPES[dtype]
-    args = (Arg.input(0), Arg.input(1), Arg.output(0), Arg.workspace(12 * ROWS * split * groups))
-    launch = KernelLaunch.compile(gen_groups_source(dtype, groups, preamble), "gen_groups", grid=ROWS * split,
-                                  block=threads, args=args, cooperative=True)
-    return launch_spec_model(LaunchSpec(inputs=(x, counters), outputs=(x,), kernels=(launch,)))()
+    return probe_model(dtype, gen_groups_source(dtype, groups, preamble), "gen_groups", ROWS * split, threads,
+                       12 * ROWS * split * groups, cooperative=True)
 
 
 def defines(dtype: str, **extra) -> dict:
@@ -514,13 +516,9 @@ def kernel_source(dtype: str, **extra) -> str:
 
 def variant_model(dtype: str, kernel: str, extra: dict, cooperative: bool):
     """The variant as a launch-op model of (x, counters) -> y."""
-    x = TensorSpec((ROWS, ROW_LENGTH), (ROW_LENGTH, 1), "bfloat16" if dtype == "bf16" else "float32", "cuda")
-    counters = TensorSpec((ROWS,), (1,), "int32", "cuda")
     threads, split, _, _ = SHAPES[dtype]
-    args = (Arg.input(0), Arg.input(1), Arg.output(0), Arg.workspace(8 * ROWS * split * 4))
-    launch = KernelLaunch.compile(kernel_source(dtype, **extra), kernel, grid=ROWS * split, block=threads, args=args,
-                                  cooperative=cooperative)
-    return launch_spec_model(LaunchSpec(inputs=(x, counters), outputs=(x,), kernels=(launch,)))()
+    return probe_model(dtype, kernel_source(dtype, **extra), kernel, ROWS * split, threads, 8 * ROWS * split * 4,
+                       cooperative=cooperative)
 
 
 def main(mode: str, dtype: str, only: tuple[str, ...] = ()) -> None:

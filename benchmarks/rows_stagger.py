@@ -22,10 +22,7 @@ On an H100, 2026-12-06: benchmarks/results/stagger_probe-h100-torch2.11-2026-12-
 """
 from __future__ import annotations
 
-from agent_backend.env.launch_op import launch_spec_model
-from agent_backend.env.launch_spec import Arg, KernelLaunch, LaunchSpec
-from agent_backend.specs import TensorSpec
-from benchmarks.rows_phases import COMMON, ROW_LENGTH, ROWS
+from benchmarks.rows_phases import COMMON, ROW_LENGTH, ROWS, probe_model
 
 # Shared by the stagger kernels: a warp's pairs as one, a late conversion, and the epoch words.
 STAGGER_HELPERS = r"""
@@ -84,14 +81,16 @@ __device__ __forceinline__ unsigned long long ld_word(const unsigned long long* 
 __device__ __forceinline__ unsigned long long word(unsigned epoch, float f) {
   return ((unsigned long long)epoch << 32) | __float_as_uint(f);
 }
+// this launch's epoch (never 0): a ticket of the counter each of the NB blocks takes one of
+__device__ __forceinline__ unsigned epoch_ticket(int* cnt) { return (unsigned)atomicAdd(cnt, 1) / NB + 1; }
 """
-# Each block a slice of every row, all rows' loads in flight from the start, the rows finished in
-# order: row r's pair published (a counter a row), then row r - D's pair awaited and its results
-# stored, so early rows' stores overlap later rows' loads (COPY: each row stored as it lands).
-STAGGER_KERNELS = COMMON + STAGGER_HELPERS + r"""
+# The layout every stagger kernel (but stagger_warp) builds on: each block a slice of every row,
+# a thread NPR vectors of each.
+STAGGER_LAYOUT = COMMON + STAGGER_HELPERS + r"""
 #define S (ROWLEN / NB)         // elements of each row a block holds
 #define NPR (S / THREADS / VW)  // vectors a thread a row
 #define NW (THREADS / 32)
+#define SLOTS (NB / 32)         // a lane's blocks of a row, where a warp reads a row's pairs
 static_assert(NPR * THREADS * VW * NB == ROWLEN, "the rows split evenly");
 
 // what a block's threads share: each warp's pair of each row, each row's (max, 1 / sum), the epoch
@@ -120,7 +119,11 @@ __device__ __forceinline__ void finish_row(float2 p, Shared& sh, E* out, const V
   __syncthreads();
   store_row(out, x, off, q, sh.fin[q]);
 }
-
+"""
+# Each block a slice of every row, all rows' loads in flight from the start, the rows finished in
+# order: row r's pair published (a counter a row), then row r - D's pair awaited and its results
+# stored, so early rows' stores overlap later rows' loads (COPY: each row stored as it lands).
+STAGGER_COUNTER_KERNEL = r"""
 extern "C" __global__ void __launch_bounds__(THREADS, MINB)
 stagger(const E* __restrict__ in, int* cnt, E* __restrict__ out, float2* ws) {
   __shared__ Shared sh;
@@ -180,8 +183,6 @@ stagger(const E* __restrict__ in, int* cnt, E* __restrict__ out, float2* ws) {
 # over NB), read back until every word carries it; warp 0 loads row q's words before it folds row
 # r, so they are on their way while it waits for its own data.
 STAGGER_EPOCH_KERNEL = r"""
-#define SLOTS (NB / 32)  // a lane's blocks of a row
-
 extern "C" __global__ void __launch_bounds__(THREADS, MINB)
 stagger_epoch(const E* __restrict__ in, int* cnt, E* __restrict__ out, unsigned long long* ws) {
   __shared__ Shared sh;
@@ -189,7 +190,7 @@ stagger_epoch(const E* __restrict__ in, int* cnt, E* __restrict__ out, unsigned 
   const long off = (long)blockIdx.x * S;
   V b[ROWS][NPR];
   load_rows(b, in, off);
-  if (t == 0) sh.epoch = (unsigned)atomicAdd(cnt, 1) / NB + 1;
+  if (t == 0) sh.epoch = epoch_ticket(cnt);
   #pragma unroll
   for (int r = 0; r < ROWS + D; ++r) {
     const int q = r - D;
@@ -246,7 +247,7 @@ stagger_group(const E* __restrict__ in, int* cnt, E* __restrict__ out, unsigned 
   const long off = (long)blockIdx.x * S;
   V b[ROWS][NPR];
   load_rows(b, in, off);
-  if (t == 0) sh.epoch = (unsigned)atomicAdd(cnt, 1) / NB + 1;
+  if (t == 0) sh.epoch = epoch_ticket(cnt);
   #pragma unroll
   for (int k = 0; k < GR + D; ++k) {
     const int qg = k - D;
@@ -332,7 +333,7 @@ stagger_warp(const E* __restrict__ in, int* cnt, E* __restrict__ out, unsigned l
   const long base = row * (long)ROWLEN + (long)part * (NVW * 32 * VW);
   V b[NVW];
   load_vectors(b, in + base + lane * VW, 32 * VW);
-  if (t == 0) epoch_s = (unsigned)atomicAdd(cnt, 1) / NB + 1;
+  if (t == 0) epoch_s = epoch_ticket(cnt);
   __syncthreads();
   const unsigned epoch = epoch_s;
   float m = NEG_INF, s = 0.f;
@@ -389,13 +390,9 @@ def warp_source(dtype: str, shape: str, gridsync: int = 0) -> str:
 
 def warp_model(dtype: str, shape: str, gridsync: int = 0):
     """A stagger_warp shape as a launch-op model of (x, counters) -> y (a cooperative grid)."""
-    x = TensorSpec((ROWS, ROW_LENGTH), (ROW_LENGTH, 1), "bfloat16" if dtype == "bf16" else "float32", "cuda")
-    counters = TensorSpec((ROWS,), (1,), "int32", "cuda")
     blocks, per_row, _ = WARP_SHAPES[dtype][shape]
-    args = (Arg.input(0), Arg.input(1), Arg.output(0), Arg.workspace(16 * ROWS * blocks * per_row))
-    launch = KernelLaunch.compile(warp_source(dtype, shape, gridsync), "stagger_warp", grid=blocks,
-                                  block=ROWS * per_row * 32, args=args, cooperative=True)
-    return launch_spec_model(LaunchSpec(inputs=(x, counters), outputs=(x,), kernels=(launch,)))()
+    return probe_model(dtype, warp_source(dtype, shape, gridsync), "stagger_warp", blocks, ROWS * per_row * 32,
+                       16 * ROWS * blocks * per_row, cooperative=True)
 
 
 # The stagger layout with the generated kernel's one exchange: every row's pair through the
@@ -474,27 +471,28 @@ STAGGER_VARIANTS = {"stagger-copy": ("", {"COPY": 1, "D": 0}), "stagger2-copy": 
                        for layout in ("", "w")}}
 
 
+def kernel_of(extra: dict) -> str:
+    """The kernel a stagger variant's defines run (STAGGER_VARIANTS)."""
+    return ("stagger_group" if extra.get("G") else "stagger_epoch" if extra.get("EPOCH")
+            else "stagger_sync" if extra.get("SYNCK") else "stagger")
+
+
 def stagger_source(dtype: str, layout: str, **extra) -> str:
+    """The variant's defines, the layout, and its kernel only (kernel_of)."""
     blocks, threads, per_sm = STAGGER_SHAPES[dtype][layout]
     values = {"E": "bf16" if dtype == "bf16" else "float", "VW": 8 if dtype == "bf16" else 4, "NB": blocks,
               "THREADS": threads, "MINB": per_sm, "ROWS": ROWS, "ROWLEN": ROW_LENGTH, "NOWAIT": 0, "SYNC": 0, **extra}
-    return ("".join(f"#define {k} {v}\n" for k, v in values.items()) + STAGGER_KERNELS
-            + (STAGGER_EPOCH_KERNEL if extra.get("EPOCH") else "") + (STAGGER_GROUP_KERNEL if extra.get("G") else "")
-            + (STAGGER_SYNC_KERNEL if extra.get("SYNCK") else ""))
+    kernels = {"stagger": STAGGER_COUNTER_KERNEL, "stagger_epoch": STAGGER_EPOCH_KERNEL,
+               "stagger_group": STAGGER_GROUP_KERNEL, "stagger_sync": STAGGER_SYNC_KERNEL}
+    return "".join(f"#define {k} {v}\n" for k, v in values.items()) + STAGGER_LAYOUT + kernels[kernel_of(extra)]
 
 
 def stagger_model(dtype: str, layout: str, extra: dict):
     """A stagger variant as a launch-op model of (x, counters) -> y: a cooperative grid (so every
     block is resident while others wait on its rows)."""
-    x = TensorSpec((ROWS, ROW_LENGTH), (ROW_LENGTH, 1), "bfloat16" if dtype == "bf16" else "float32", "cuda")
-    counters = TensorSpec((ROWS,), (1,), "int32", "cuda")
     blocks, threads, _ = STAGGER_SHAPES[dtype][layout]
-    args = (Arg.input(0), Arg.input(1), Arg.output(0), Arg.workspace(16 * ROWS * blocks))
-    kernel = ("stagger_group" if extra.get("G") else "stagger_epoch" if extra.get("EPOCH")
-              else "stagger_sync" if extra.get("SYNCK") else "stagger")
-    launch = KernelLaunch.compile(stagger_source(dtype, layout, **extra), kernel, grid=blocks, block=threads,
-                                  args=args, cooperative=True)
-    return launch_spec_model(LaunchSpec(inputs=(x, counters), outputs=(x,), kernels=(launch,)))()
+    return probe_model(dtype, stagger_source(dtype, layout, **extra), kernel_of(extra), blocks, threads,
+                       16 * ROWS * blocks, cooperative=True)
 
 
 def stagger_variants(dtype: str) -> dict:

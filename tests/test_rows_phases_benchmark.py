@@ -55,12 +55,13 @@ def test_the_persistent_cluster_probes_compile_without_spilling(tmp_path, dtype,
 @pytest.mark.skipif(_nvcc() is None, reason="needs nvcc")
 @pytest.mark.parametrize("dtype", ["bf16", "fp32"])
 def test_the_stagger_layout_probes_build(tmp_path, dtype):
-    """benchmarks/rows_stagger.py: every kernel builds for sm_90 (the grouped variant's source holds
-    the counter, epoch and group kernels; the warp kernel with either exchange), and the one-exchange
-    kernel the next GPU run is for (stagger-sync) does not spill in bf16."""
+    """benchmarks/rows_stagger.py: every kernel builds for sm_90 (a variant's source holds its own
+    kernel: the counter one copying and softmax, the epoch, group and one-exchange kernels; the warp
+    kernel with either exchange), and the one-exchange kernel the next GPU run is for
+    (stagger-sync) does not spill in bf16."""
     from benchmarks.rows_stagger import STAGGER_VARIANTS, stagger_source, warp_source
     sources = {label: stagger_source(dtype, *STAGGER_VARIANTS[label][:1], **STAGGER_VARIANTS[label][1])
-               for label in ("stagger-copy-sync", "stagger-G4D2", "stagger-sync")}
+               for label in ("stagger-copy-sync", "stagger-D8", "stagger-E8", "stagger-G4D2", "stagger-sync")}
     sources |= {f"warp-{g}": warp_source(dtype, "W1s", g) for g in (0, 1)}
     for label, source in sources.items():
         path = tmp_path / f"{label}_{dtype}.cu"
