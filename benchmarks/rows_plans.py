@@ -23,7 +23,7 @@ from benchmarks.suite.problem import build  # noqa: E402
 from benchmarks.suite.registry import select  # noqa: E402
 from skills import rows  # noqa: E402
 from skills.rows.candidates import launch_configs, model_source, tag  # noqa: E402
-from skills.rows.codegen import Launch  # noqa: E402
+from skills.rows.codegen import Launch, kernel_source  # noqa: E402
 from skills.rows.plan import build_plan  # noqa: E402
 
 STREAMING_THREADS = (128, 256, 512, 1024)  # extra shapes of a streamed (nothing held) online plan
@@ -64,13 +64,14 @@ def plan_launches(task) -> list[tuple[str, object, Launch]]:
     return launches
 
 
-def plan_contenders(launches, ins: list, expected: tuple, atol: float = 2e-2) -> dict:
+def plan_contenders(launches, ins: list, expected: tuple, atol: float = 2e-2, write=kernel_source) -> dict:
     """Those of `launches` ((label, plan, launch), as plan_launches gives them) that run and agree
-    with the task's program (`expected`, its outputs on `ins`), each a call."""
+    with the task's program (`expected`, its outputs on `ins`), each a call; their kernels written
+    by `write` (another version of codegen.kernel_source, where rows_ab.py compares two)."""
     fns = {}
     for label, plan, launch in launches:
         try:
-            model = load_program(model_source(plan, launch), label)["ModelNew"]()
+            model = load_program(model_source(plan, launch, write), label)["ModelNew"]()
             out = model(*ins)
             torch.cuda.synchronize()  # a kernel's fault shows here, under its own label
         except Exception as e:  # noqa: BLE001 - a shape may be refused: say so, time the rest
@@ -84,20 +85,28 @@ def plan_contenders(launches, ins: list, expected: tuple, atol: float = 2e-2) ->
     return fns
 
 
+def row_tasks(name: str, dtype: str, min_row: int = 1024):
+    """(task, inputs, reference, expected) for each row task of suite problem `name` in `dtype`
+    the rows template takes, of rows of at least `min_row` elements: the task on CUDA, random
+    inputs, its program's module and its outputs on them (a tuple)."""
+    (problem,) = select(only=[name])
+    model, inputs = build(problem, dtype, "cpu", small=False)
+    for task in tasks_of(trace_tasks(model, inputs, backward=False, min_ops=1)):
+        task = task.on_device("cuda")
+        if task.kind != "reduction" or rows.supports(task) is not None or build_plan(task).row_length < min_row:
+            continue
+        ins = random_inputs(task.inputs, 0, scale=2.0, device="cuda")
+        reference = load_program(task.program)["Model"]().cuda()
+        with torch.no_grad():
+            expected = reference(*ins)
+        yield task, ins, reference, expected if isinstance(expected, tuple) else (expected,)
+
+
 def main(specs: list[str]) -> None:
     for spec in specs:
         name, dtype = spec.split(":")
-        (problem,) = select(only=[name])
-        model, inputs = build(problem, dtype, "cpu", small=False)
-        for task in tasks_of(trace_tasks(model, inputs, backward=False, min_ops=1)):
-            task = task.on_device("cuda")
-            if task.kind != "reduction" or rows.supports(task) is not None or build_plan(task).row_length < 1024:
-                continue
-            ins = random_inputs(task.inputs, 0, scale=2.0, device="cuda")
-            reference = load_program(task.program)["Model"]().cuda()
-            with torch.no_grad():
-                expected = reference(*ins)
-            fns = plan_contenders(plan_launches(task), ins, expected if isinstance(expected, tuple) else (expected,))
+        for task, ins, reference, expected in row_tasks(name, dtype):
+            fns = plan_contenders(plan_launches(task), ins, expected)
             x = max(ins, key=torch.Tensor.numel)  # the rows, not a loss's targets: half copied, as many bytes
             # moved as reading them
             line = bench_beside_inductor_and_copy(fns, reference, ins, x.view(-1)[: x.numel() // 2], "copy_same_bytes")

@@ -1,14 +1,20 @@
-"""benchmarks/rows_phases.py and rows_persistent.py on the CPU: their hand-written kernels build for sm_90 under their
-launch bounds, without spilling, for both dtypes."""
+"""benchmarks/rows_phases.py, rows_persistent.py and rows_stagger.py on the CPU: their hand-written
+kernels build for sm_90 under their launch bounds, without spilling, for both dtypes; rows_ab.py
+writes each version's kernels by its own codegen."""
 from __future__ import annotations
 
 import subprocess
+from pathlib import Path
 
 import pytest
+import torch
 
+import skills.rows.codegen as codegen
+from benchmarks.rows_ab import DEFAULT_LAUNCHES, ab_launches, load_codegen
 from benchmarks.rows_phases import (GEN_GROUPS, gen_groups_source, generated_plan, generated_preamble,
                                      kernel_source, tma_source)
-from test_rows_template import _nvcc
+from skills.rows.candidates import model_source
+from test_rows_template import _nvcc, case_task, resized
 
 
 @pytest.mark.skipif(_nvcc() is None, reason="needs nvcc")
@@ -72,3 +78,23 @@ def test_the_stagger_layout_probes_build(tmp_path, dtype):
         result = subprocess.run([_nvcc(), "-cubin", "-arch=sm_90", "-o", str(path.with_suffix(".cubin")), str(path)],
                                 capture_output=True, text=True)
         assert result.returncode == 0, (label, result.stderr[-2000:])
+
+
+def test_rows_ab_writes_each_version_by_its_own_codegen(tmp_path):
+    """benchmarks/rows_ab.py: the base codegen loaded from a file writes the base's kernels into the
+    program (this checkout's codegen does not), and the launches compared are those named, or the
+    online plan's first two."""
+    text = Path(codegen.__file__).read_text()
+    marker = 'typedef {"long long"'
+    assert marker in text
+    base_file = tmp_path / "codegen_base.py"
+    base_file.write_text(text.replace(marker, "// the base version\n" + marker, 1))
+    base = load_codegen(str(base_file))
+    task = resized(case_task("softmax", torch.bfloat16), (16, 393216)).on_device("cuda")
+    first = ab_launches(task, [])
+    assert len(first) == DEFAULT_LAUNCHES and all(t.endswith("o") for t, _, _ in first)  # online plan's
+    (named,) = ab_launches(task, [first[1][0], "no-such-tag"])
+    assert named[0] == first[1][0]
+    _, plan, launch = named
+    assert "// the base version" in model_source(plan, launch, base.kernel_source)
+    assert "// the base version" not in model_source(plan, launch)

@@ -394,14 +394,15 @@ def launch_arguments(plan: RowPlan, launch: Launch) -> tuple:
             launch.persistent)
 
 
-def model_source(plan: RowPlan, launch: Launch) -> str:
+def model_source(plan: RowPlan, launch: Launch, write=kernel_source) -> str:
     """KernelBench-style program whose ModelNew runs `plan` with `launch` (a launch spec),
-    compiled for the current GPU at import."""
+    compiled for the current GPU at import; its kernels' source by `write` (another version of
+    codegen.kernel_source, where benchmarks/rows_ab.py compares two)."""
     name = f"rows_{tag(plan, launch)}"
     # one element an access; across rows, a thread's rows spread over more blocks, so the split
     # shrinks as much (a cooperative grid must fit on the GPU at once)
     scalar = dataclasses.replace(launch, width=1, split=max(1, launch.split // lanes(plan, launch)), prefetch=False)
-    fallback = kernel_source(plan, name, scalar) if launch.width > 1 else None
+    fallback = write(plan, name, scalar) if launch.width > 1 else None
     alignment = [1] * len(plan.inputs)
     for k, a in enumerate(plan.accesses):
         if not a.per_row and is_vector_access(plan, k, launch.width):
@@ -412,7 +413,7 @@ def model_source(plan: RowPlan, launch: Launch) -> str:
     return _SPEC_MODEL.substitute(
         tag=tag(plan, launch), name=name, how=spread + " and run by the C++ launch op",
         inputs=_signatures(plan.inputs), outputs=_signatures(o.spec for o in plan.outputs),
-        main_source=kernel_source(plan, name, launch), main_launch=launch_arguments(plan, launch),
+        main_source=write(plan, name, launch), main_launch=launch_arguments(plan, launch),
         alignment=tuple(alignment),
         fallback_source=f"r'''{fallback}'''" if fallback else None,
         fallback_launch=launch_arguments(plan, scalar) if fallback else None)

@@ -1,0 +1,69 @@
+"""Two versions of the rows template's code generation, A/B on a GPU: launches of suite problems'
+row tasks written by a base copy of skills/rows/codegen.py and by this checkout's, each checked
+against the task's program, then timed interleaved in one process (rows_plans.bench: the least
+do_bench time of 5 rounds). Only codegen.py is swapped, so the base must agree with this
+checkout's plan.py and candidates.py. Per launch: base us, new us, base / new.
+
+    git show main:skills/rows/codegen.py > /tmp/codegen_base.py
+    python benchmarks/rows_ab.py /tmp/codegen_base.py softmax_long_rows:bf16:t256r1v8g16o,t128r1v8g32o logsumexp:fp32
+
+A spec is problem:dtype[:tags]: the launches of the task's online plan (the held one where it
+has no online sums) with those tags, or its first two.
+"""
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout
+
+from benchmarks.rows_plans import bench, plan_contenders, row_tasks  # noqa: E402
+from skills.rows.candidates import launch_configs, tag  # noqa: E402
+from skills.rows.codegen import kernel_source  # noqa: E402
+from skills.rows.plan import build_plan  # noqa: E402
+
+DEFAULT_LAUNCHES = 2
+
+
+def load_codegen(path: str):
+    """The codegen module at `path`, imported as a sibling of skills.rows.codegen (its relative
+    imports resolve to this checkout's plan.py and the rest)."""
+    spec = importlib.util.spec_from_file_location("skills.rows.codegen_base", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def ab_launches(task, tags: list[str]) -> list[tuple[str, object, object]]:
+    """(tag, plan, launch) for the launches named by `tags` (or the first DEFAULT_LAUNCHES) of the
+    task's online plan, or of its held plan where the online one has no online sums."""
+    plan = build_plan(task, True)
+    if not any(p.combine == "online" for work in plan.passes for p in work.partials):
+        plan = build_plan(task, False)
+    configs = [(tag(plan, c), plan, c) for c in launch_configs(plan)]
+    return [c for c in configs if c[0] in tags] or configs[:DEFAULT_LAUNCHES]
+
+
+def main(base_path: str, specs: list[str]) -> None:
+    base = load_codegen(base_path)
+    for spec in specs:
+        name, dtype, *tags = spec.split(":")
+        for task, ins, _, expected in row_tasks(name, dtype):
+            launches = ab_launches(task, tags[0].split(",") if tags else [])
+            fns = {}
+            for version, write in (("base", base.kernel_source), ("new", kernel_source)):
+                fns.update(plan_contenders([(f"{version}:{t}", plan, c) for t, plan, c in launches], ins, expected,
+                                           write=write))
+            times = bench(fns, rounds=5)
+            line = " | ".join(f"{t} base {times[f'base:{t}']:.1f} new {times[f'new:{t}']:.1f} "
+                              f"({times[f'base:{t}'] / times[f'new:{t}']:.3f}x)"
+                              for t, _, _ in launches if f"base:{t}" in times and f"new:{t}" in times)
+            print(spec, task.hash[:8], line, flush=True)
+
+
+if __name__ == "__main__":
+    if len(sys.argv) < 3:
+        sys.exit(__doc__)
+    main(sys.argv[1], sys.argv[2:])
