@@ -36,6 +36,9 @@
 #   benchmarks/gpu_session.sh stagger [LABELS] # the 16 x 393216 softmax on rows_stagger.py's layout (each block a
 #                                            # slice of every row): its one-exchange kernels (stagger-sync) by
 #                                            # default, or the comma-separated label prefixes given
+#   benchmarks/gpu_session.sh ab BASE SPEC.. # the rows template's codegen A/B: each launch of SPEC (problem:dtype[:tags])
+#                                            # written by BASE (a codegen.py: git show REV:skills/rows/codegen.py)
+#                                            # and by this checkout's, timed interleaved (benchmarks/rows_ab.py)
 #   benchmarks/gpu_session.sh many-long-rows # softmax over 1024 x 393216 (the suite's softmax_many_long_rows):
 #                                            # every launch of the backend's candidates (rows_plans.py), then
 #                                            # the hand-written persistent kernels over as many rows
@@ -47,7 +50,7 @@
 # H100 machine, 2026-11-23) costs that file only, and its exit status is recorded.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-usage="usage: $0 tests|in-context|transformers|models|level1|level2|compile|gate|dispatch|columns|probes|stagger|"
+usage="usage: $0 tests|in-context|transformers|models|level1|level2|compile|gate|dispatch|columns|probes|stagger|ab|"
 phase=${1:?"${usage}many-long-rows|flush"}
 out=${OUT:-benchmarks/results/session-$(date +%F)}
 mkdir -p "$out"
@@ -159,6 +162,12 @@ case "$phase" in
       >"$out/stagger.log" 2>&1
     grep -v -e DEBUG -e checked "$out/stagger.log" | tail -n 12
     ;;
+  ab)
+    shift
+    { header "rows codegen A/B against ${1:?a base codegen.py}"; timeout 400 python3 benchmarks/rows_ab.py "$@"; } \
+      >"$out/rows_ab.log" 2>&1
+    grep -v -e DEBUG -e Warning "$out/rows_ab.log" | tail -n 20
+    ;;
   many-long-rows)
     { header "many long rows"
       timeout 400 python3 benchmarks/rows_plans.py softmax_many_long_rows:bf16 softmax_many_long_rows:fp32
@@ -171,7 +180,7 @@ case "$phase" in
     ;;
   *)
     echo "unknown phase $phase: tests, in-context, transformers, models, level1, level2, compile, gate, dispatch," \
-      "columns, probes, many-long-rows or flush" >&2
+      "columns, probes, stagger, ab, many-long-rows or flush" >&2
     exit 2
     ;;
 esac
