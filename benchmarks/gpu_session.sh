@@ -164,7 +164,8 @@ case "$phase" in
     ;;
   ab)
     shift
-    { header "rows codegen A/B against ${1:?a base codegen.py}"; timeout 400 python3 benchmarks/rows_ab.py "$@"; } \
+    : "${1:?usage: $0 ab BASE SPEC.. (BASE: a codegen.py, git show REV:skills/rows/codegen.py > BASE)}"
+    { header "rows codegen A/B against $1"; timeout 400 python3 benchmarks/rows_ab.py "$@"; } \
       >"$out/rows_ab.log" 2>&1
     grep -v -e DEBUG -e Warning "$out/rows_ab.log" | tail -n 20
     ;;
