@@ -40,7 +40,7 @@ def ab_launches(task, tags: list[str]) -> list[tuple[str, object, object]]:
     """(tag, plan, launch) for the launches named by `tags` (or the first DEFAULT_LAUNCHES) of the
     task's online plan, or of its held plan where the online one has no online sums."""
     plan = build_plan(task, True)
-    if not any(p.combine == "online" for work in plan.passes for p in work.partials):
+    if not plan.online:
         plan = build_plan(task, False)
     configs = [(tag(plan, c), plan, c) for c in launch_configs(plan)]
     return [c for c in configs if c[0] in tags] or configs[:DEFAULT_LAUNCHES]
