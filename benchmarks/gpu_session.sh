@@ -37,8 +37,9 @@
 #                                            # slice of every row): its one-exchange kernels (stagger-sync) by
 #                                            # default, or the comma-separated label prefixes given
 #   benchmarks/gpu_session.sh ab BASE SPEC.. # the rows template's codegen A/B: each launch of SPEC
-#                                            # (problem:dtype[:tags]) written by BASE (a codegen.py: git show
-#                                            # REV:skills/rows/codegen.py) and by this checkout's, timed
+#                                            # (problem:dtype[:tags]) written by BASE (codegen.py files, comma-
+#                                            # separated: git show REV:skills/rows/codegen.py) and by this
+#                                            # checkout's, timed
 #                                            # interleaved (benchmarks/rows_ab.py)
 #   benchmarks/gpu_session.sh many-long-rows # softmax over 1024 x 393216 (the suite's softmax_many_long_rows):
 #                                            # every launch of the backend's candidates (rows_plans.py), then
@@ -165,7 +166,7 @@ case "$phase" in
     ;;
   ab)
     shift
-    : "${1:?usage: $0 ab BASE SPEC.. (BASE: a codegen.py, git show REV:skills/rows/codegen.py > BASE)}"
+    : "${1:?usage: $0 ab BASE[,BASE..] SPEC.. (BASE: a codegen.py, git show REV:skills/rows/codegen.py > BASE)}"
     { header "rows codegen A/B against $1"; timeout 400 python3 benchmarks/rows_ab.py "$@"; } \
       >"$out/rows_ab.log" 2>&1
     grep -v -e DEBUG -e Warning "$out/rows_ab.log" | tail -n 20

@@ -1,11 +1,12 @@
-"""Two versions of the rows template's code generation, A/B on a GPU: launches of suite problems'
-row tasks written by a base copy of skills/rows/codegen.py and by this checkout's, each checked
-against the task's program, then timed interleaved in one process (rows_plans.bench: the least
-do_bench time of 5 rounds). Only codegen.py is swapped, so the base must agree with this
-checkout's plan.py and candidates.py. Per launch: base us, new us, base / new.
+"""Versions of the rows template's code generation, A/B on a GPU: launches of suite problems'
+row tasks written by one or more base copies of skills/rows/codegen.py (comma-separated) and by
+this checkout's, each checked against the task's program, then timed interleaved in one process
+(rows_plans.bench: the least do_bench time of 5 rounds). Only codegen.py is swapped, so a base
+must agree with this checkout's plan.py and candidates.py. Per launch: each base's us and
+base / new, then new's us.
 
-    git show main:skills/rows/codegen.py > /tmp/codegen_base.py
-    python benchmarks/rows_ab.py /tmp/codegen_base.py softmax_long_rows:bf16:t256r1v8g16o,t128r1v8g32o logsumexp:fp32
+    git show main:skills/rows/codegen.py > /tmp/codegen_main.py
+    python benchmarks/rows_ab.py /tmp/codegen_main.py softmax_long_rows:bf16:t256r1v8g16o,t128r1v8g32o logsumexp:fp32
 
 A spec is problem:dtype[:tags]: the launches of the task's online plan (the held one where it
 has no online sums) with those tags, or its first two.
@@ -46,24 +47,34 @@ def ab_launches(task, tags: list[str]) -> list[tuple[str, object, object]]:
     return [c for c in configs if c[0] in tags] or configs[:DEFAULT_LAUNCHES]
 
 
-def main(base_path: str, specs: list[str]) -> None:
-    base = load_codegen(base_path)
+def main(base_paths: list[str], specs: list[str]) -> None:
+    writers = {Path(p).stem: load_codegen(p).kernel_source for p in base_paths}
+    if "new" in writers or len(writers) < len(base_paths):
+        sys.exit(f"bases need distinct file names, none of them new.py: {base_paths}")
+    writers["new"] = kernel_source
     for spec in specs:
         name, dtype, *tags = spec.split(":")
         for task, ins, _, expected in row_tasks(name, dtype):
             launches = ab_launches(task, tags[0].split(",") if tags else [])
             fns = {}
-            for version, write in (("base", base.kernel_source), ("new", kernel_source)):
+            for version, write in writers.items():
                 fns.update(plan_contenders([(f"{version}:{t}", plan, c) for t, plan, c in launches], ins, expected,
                                            write=write))
             times = bench(fns, rounds=5)
-            line = " | ".join(f"{t} base {times[f'base:{t}']:.1f} new {times[f'new:{t}']:.1f} "
-                              f"({times[f'base:{t}'] / times[f'new:{t}']:.3f}x)"
-                              for t, _, _ in launches if f"base:{t}" in times and f"new:{t}" in times)
-            print(spec, task.hash[:8], line, flush=True)
+            print(spec, task.hash[:8], " | ".join(_compared(t, list(writers), times) for t, _, _ in launches),
+                  flush=True)
+
+
+def _compared(launch_tag: str, versions: list[str], times: dict) -> str:
+    """One launch's times: each base's us and base / new, then new's (a version that failed or
+    differed is missing from `times`, and from the line)."""
+    new = times.get(f"new:{launch_tag}")
+    parts = [f"{v} {times[f'{v}:{launch_tag}']:.1f}" + (f" ({times[f'{v}:{launch_tag}'] / new:.3f}x)" if new else "")
+             for v in versions[:-1] if f"{v}:{launch_tag}" in times]
+    return f"{launch_tag}: " + " ".join(parts + ([f"new {new:.1f}"] if new else []))
 
 
 if __name__ == "__main__":
     if len(sys.argv) < 3:
         sys.exit(__doc__)
-    main(sys.argv[1], sys.argv[2:])
+    main(sys.argv[1].split(","), sys.argv[2:])

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import skills.rows.codegen as codegen
-from benchmarks.rows_ab import DEFAULT_LAUNCHES, ab_launches, load_codegen
+from benchmarks.rows_ab import DEFAULT_LAUNCHES, _compared, ab_launches, load_codegen
 from benchmarks.rows_phases import (GEN_GROUPS, gen_groups_source, generated_plan, generated_preamble,
                                      kernel_source, tma_source)
 from skills.rows.candidates import model_source
@@ -98,3 +98,10 @@ def test_rows_ab_writes_each_version_by_its_own_codegen(tmp_path):
     _, plan, launch = named
     assert "// the base version" in model_source(plan, launch, base.kernel_source)
     assert "// the base version" not in model_source(plan, launch)
+
+
+def test_rows_ab_line_gives_each_base_against_the_new_version_and_leaves_out_failed_ones():
+    times = {"main:t1": 20.0, "shuffles:t1": 18.0, "new:t1": 16.0, "main:t2": 10.0}
+    line = _compared("t1", ["main", "shuffles", "new"], times)
+    assert line == "t1: main 20.0 (1.250x) shuffles 18.0 (1.125x) new 16.0"
+    assert _compared("t2", ["main", "shuffles", "new"], times) == "t2: main 10.0"
