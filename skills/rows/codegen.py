@@ -68,11 +68,6 @@ ONLINE_FUNCTIONS = f"""
 template <typename S> __device__ __forceinline__ S rows_online_rescale(S s, float m, float to) {{
   return m == to ? s : s * (S)expf(m - to);
 }}
-template <typename S> __device__ __forceinline__ S rows_online_merge(S s, float m, S os, float om) {{
-  const bool below = m < om;  // the pair with the lesser max is rescaled; equal maxes add as they are
-  const S low = below ? s : os, high = below ? os : s;
-  return m == om ? s + os : high + low * (S)expf(-fabsf(m - om));
-}}
 template <typename S> __device__ __forceinline__ float rows_online_sum(S s, float m) {{
   return fabsf(m) <= {FLOAT_MAX} ? (float)s : __uint_as_float(0x7fc00000u);
 }}
@@ -930,8 +925,9 @@ extern "C" __global__ void __launch_bounds__({self._bounds()}) {name}({", ".join
 
 # A row's values in the kernel (accesses' values, computed values, accumulators, their shared and
 # workspace slots) and its index: what a thread taking several rows keeps once for each.
-# (acc<k>_v, _y, _from: a vector's staged sum, an online sum's vector and its max before it)
-_LANE_LOCAL = re.compile(r"\b((?:a|v|acc|red|fin|ws|rcp)\d+(?:_v|_y|_from)?)\b")
+# (acc<k>_v, _y, _from, _at: a vector's staged sum, an online sum's vector, its max before it, its max
+# before shuffles)
+_LANE_LOCAL = re.compile(r"\b((?:a|v|acc|red|fin|ws|rcp)\d+(?:_v|_y|_from|_at)?)\b")
 _ROW = re.compile(r"\brow\b")
 
 
@@ -957,20 +953,24 @@ def _online_vector(p: Partial, width: int, kind: str) -> list[str]:
 
 def _shuffles(partials, lanes: int, kind_of) -> list[str]:
     """Each partial combined over `lanes` consecutive lanes of a warp (a power of two) by
-    butterfly shuffles, so every one of them holds the result (an online sum in type kind_of(p))."""
+    butterfly shuffles, so every one of them holds the result. An online sum (in type kind_of(p))
+    is rescaled once from its lane's max to the lanes' max (its max, a partial of the same pass,
+    combined first), then added: one exp a lane, where merging (sum, max) pairs took one a step."""
     if lanes == 1:
         return []
-    return (["#pragma unroll", f"for (int m = {lanes // 2}; m > 0; m >>= 1) {{"]
-            + ["  " + line for p in partials if p.combine == "online" for line in _online_shuffle(p, kind_of(p))]
-            + [f"  {p.acc} = {COMBINE[p.combine].format(a=p.acc, b=_shuffle_xor(p.acc))};"
-               for p in partials if p.combine != "online"] + ["}"])
-
-
-def _online_shuffle(p: Partial, kind: str) -> list[str]:
-    """An online sum (in type `kind`) combined with the lane's whose index differs in the bits of
-    m, before its max is."""
-    return ["{", f"  const float om = {_shuffle_xor(p.scale)};", f"  const {kind} os = {_shuffle_xor(p.acc)};",
-            f"  {p.acc} = rows_online_merge({p.acc}, {p.scale}, os, om);", "}"]
+    def butterfly(lines: list[str]) -> list[str]:
+        return ["#pragma unroll", f"for (int m = {lanes // 2}; m > 0; m >>= 1) {{"] + _indent_lines(lines) + ["}"]
+    online = [p for p in partials if p.combine == "online"]
+    if any(p.scale not in {q.acc for q in partials} for p in online):
+        raise ValueError("an online sum's max is combined with it")
+    lines = butterfly([f"{p.acc} = {COMBINE[p.combine].format(a=p.acc, b=_shuffle_xor(p.acc))};"
+                       for p in partials if p.combine != "online"])
+    if not online:
+        return lines
+    return (["{"] + [f"  const float {p.acc}_at = {p.scale};" for p in online] + _indent_lines(lines)
+            + [f"  {p.acc} = rows_online_rescale({p.acc}, {p.acc}_at, {p.scale});" for p in online]
+            + _indent_lines(butterfly([f"{p.acc} = {p.acc} + ({kind_of(p)}){_shuffle_xor(p.acc)};" for p in online]))
+            + ["}"])
 
 
 def _shuffle_xor(value: str) -> str:
