@@ -504,6 +504,23 @@ def test_online_sums_are_fp32_where_each_thread_sums_few_terms(shape, launch, fp
     assert ("+ (float)__shfl_xor_sync" in kernel) == fp32
 
 
+@pytest.mark.parametrize("name, shape, launch, first", [
+    ("softmax", (16, 393216), Launch(256, 1, 4, split=16), True),  # held in registers over a grid
+    ("softmax", (2, 4097), Launch(64, 1, 1, "shared", 4), True),  # in shared memory, a cluster a row
+    ("log_softmax", (9, 2000), Launch(32, 1, 4, "registers", 4, persistent=True), True),
+    ("logsumexp", (4, 5000), Launch(32, 1, 4, split=4), False),  # streamed: read once, online
+])
+def test_online_sums_of_rows_held_on_chip_take_the_max_first(name, shape, launch, first):
+    """Where the pass's elements are held on chip, a thread takes its max over them in a sweep of
+    its own, then sums each term against it (acc<k>_top): no rescale a vector. A streamed row
+    (logsumexp: nothing held) is read once, so its sum is rescaled as its max grows."""
+    plan = build_plan(resized(case_task(name, f32), shape), online=True)
+    kernel = kernel_source(plan, "k", launch)
+    kernel = kernel[kernel.index('extern "C"'):]
+    assert bool(re.search(r"const float acc\d+_top = fmaxf", kernel)) == first
+    assert bool(re.search(r"_from = acc\d+;|const float to = pw_maximum", kernel)) != first
+
+
 @pytest.mark.parametrize("rows, persistent, wide", [
     (4096, True, False),  # 1.6e9 elements: the persistent kernel forms no offset past the last row
     (4096, False, True),  # a grid of clusters may form offsets of rows past the last

@@ -663,26 +663,56 @@ extern "C" __global__ void __launch_bounds__({self._bounds()}) {name}({", ".join
 
     def _pass(self, work: Pass) -> list[str]:
         lines = self._lanes([f"{self._accumulator(p)} {p.acc} = {IDENTITY[p.combine]};" for p in work.partials])
+        online = [p for p in work.partials if p.combine == "online"]
+        if online and self._max_first(work):
+            # the thread's part of the row is on chip: its max first, then each term against it
+            # once, with no rescale a vector (nor its exp, branch and chain from vector to vector)
+            scales = [p for p in work.partials if p.acc in {q.scale for q in online}]
+            lines += self._sweep(work, *self._accumulations(scales))
+            lines += self._lanes([f"const float {p.acc}_top = fmaxf({p.scale}, -{FLOAT_MAX});" for p in online])
+            lines += self._sweep(work, *self._accumulations([p for p in work.partials if p not in scales], True))
+        else:
+            lines += self._sweep(work, *self._accumulations(work.partials))
+        lines += self._combine(work)
+        return lines + self._lanes(work.after)
+
+    def _max_first(self, work: Pass) -> bool:
+        """Whether a pass's online sums may take the thread's max first (a sweep of its own): every
+        element the pass reads is held on chip, so a second sweep reads no memory; no values are
+        kept between its sweeps; each sum's max is a max partial of the pass."""
+        maxes = {p.acc for p in work.partials if p.combine == "max"}
+        return (set(work.reads) <= set(self.plan.stored) and not work.keeps and work.reusing is None
+                and all(p.scale in maxes for p in work.partials if p.combine == "online"))
+
+    def _accumulations(self, partials, max_taken: bool = False) -> tuple[list[str], list[str], list[str]]:
+        """The lines accumulating `partials` over a sweep: per element, before each vector and
+        after it. An online sum whose max a sweep before took (`max_taken`) sums its terms against
+        that max (`<acc>_top`), staged as a sum is."""
         # Double sums take each vector's elements summed in fp32 (at most 8), one conversion a
         # vector: conversions to double run at 1/8 of the fp32 rate, and a row's exp and
         # conversions per element outlasted its memory time (cross-entropy over 32000 classes).
-        online = [p for p in work.partials if p.combine == "online"]
-        staged = [p for p in work.partials if p.combine == "sum" and self.V > 1]
-        plain = [p for p in work.partials if p not in staged and p not in online]
-        # an online sum goes before its max, which it reads as it was before the element
-        per_element = [] if self.V > 1 else [line for p in online for line in _online_element(p, self._accumulator(p))]
+        online = [p for p in partials if p.combine == "online"]
+        staged = [p for p in partials if p.combine == "sum" and self.V > 1]
+        plain = [p for p in partials if p not in staged and p not in online]
+        if max_taken:
+            per_element = [f"{p.acc}_v += {p.term.format(f'{p.source} - {p.acc}_top')};" for p in online]
+            before = [f"float {p.acc}_v = 0.0f;" for p in online]
+            after = [f"{p.acc} += ({self._accumulator(p)}){p.acc}_v;" for p in online]
+            online = []
+        else:  # an online sum goes before its max, which it reads as it was before the element
+            per_element = [] if self.V > 1 else [line for p in online
+                                                 for line in _online_element(p, self._accumulator(p))]
+            before, after = [], []
         per_element += [f"{p.acc} = {COMBINE[p.combine].format(a=p.acc, b=_operand(p))};" for p in plain]
         per_element += [f"{p.acc}_v += {p.source};" for p in staged]
-        before = [f"float {p.acc}_v = 0.0f;" for p in staged]
-        after = [f"{p.acc} += (double){p.acc}_v;" for p in staged]
+        before += [f"float {p.acc}_v = 0.0f;" for p in staged]
+        after += [f"{p.acc} += (double){p.acc}_v;" for p in staged]
         if self.V > 1:
             per_element += [f"{p.acc}_y[v] = {p.source};" for p in online]
             before += [line for p in online for line in (f"const float {p.acc}_from = {p.scale};",
                                                          f"float {p.acc}_y[{self.V}];")]
             after += [line for p in online for line in _online_vector(p, self.V, self._accumulator(p))]
-        lines += self._sweep(work, per_element, before, after)
-        lines += self._combine(work)
-        return lines + self._lanes(work.after)
+        return per_element, before, after
 
     # -- combining partials across the threads of a row -----------------------------------------
     def _combine(self, work: Pass) -> list[str]:
@@ -925,9 +955,9 @@ extern "C" __global__ void __launch_bounds__({self._bounds()}) {name}({", ".join
 
 # A row's values in the kernel (accesses' values, computed values, accumulators, their shared and
 # workspace slots) and its index: what a thread taking several rows keeps once for each.
-# (acc<k>_v, _y, _from, _at: a vector's staged sum, an online sum's vector, its max before it, its max
-# before shuffles)
-_LANE_LOCAL = re.compile(r"\b((?:a|v|acc|red|fin|ws|rcp)\d+(?:_v|_y|_from|_at)?)\b")
+# (acc<k>_v, _y, _from, _at, _top: a vector's staged sum, an online sum's vector, its max before it,
+# its max before shuffles, the max taken first)
+_LANE_LOCAL = re.compile(r"\b((?:a|v|acc|red|fin|ws|rcp)\d+(?:_v|_y|_from|_at|_top)?)\b")
 _ROW = re.compile(r"\brow\b")
 
 
