@@ -216,6 +216,8 @@ ONLINE = {
     "shared_cluster_softmax": (lambda: resized(case_task("softmax", f16), (2, 4097)), Launch(64, 1, 1, "shared", 4)),
     "persistent_softmax": (lambda: resized(case_task("softmax", bf16), (9, 2000)),
                            Launch(32, 1, 8, "registers", 4, persistent=True)),
+    # across rows, held: each thread's max over its part first (codegen._Writer._max_first)
+    "across_rows_softmax_dim1": (lambda: case_task("softmax_dim1", f32, (4, 300, 6)), Launch(8, 32, 1, split=4)),
 }
 
 
@@ -241,14 +243,15 @@ def _special_rows(x: torch.Tensor) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("name, dtype", [("logsumexp", f32), ("logsumexp", bf16), ("log_softmax", f32),
-                                         ("softmax", bf16), ("cross_entropy", bf16), ("logsumexp_dim1", f32)])
+                                         ("softmax", bf16), ("cross_entropy", bf16), ("logsumexp_dim1", f32),
+                                         ("softmax_dim1", f32)])
 def test_online_sums_of_exp_keep_eagers_infinities_and_nans(name, dtype, tmp_path):
     """A sum of exp(x - max) taken online (rescaled as the max grows) gives what the graph does
     where the max is not finite: NaN for a softmax's row of -inf or with +inf, logsumexp's -inf
     and inf behind its guard; and NaN where the row has one. Every launch of the online plan."""
     if name == "cross_entropy":
         task = _cross_entropy_tasks(dtype, 6, 300)[0]
-    elif name == "logsumexp_dim1":
+    elif name in ("logsumexp_dim1", "softmax_dim1"):
         task = case_task(name, dtype, (6, 40, 3))
     else:
         task = resized(case_task(name, dtype), (6, 300))
