@@ -213,6 +213,9 @@ ONLINE = {
     "cluster_logsumexp": (lambda: resized(case_task("logsumexp", bf16), (2, 1000)), Launch(32, 1, 8, cluster=2)),
     "lanes_logsumexp_dim1": (lambda: case_task("logsumexp_dim1", f32, (3, 70, 16)), Launch(8, 2, 8, split=2)),
     "split_softmax": (lambda: resized(case_task("softmax", bf16), (2, 2000)), Launch(32, 1, 8, split=4)),
+    # fp32: each term kept for the output (Partial.kept), over a grid and over a cluster
+    "split_softmax_f32": (lambda: resized(case_task("softmax", f32), (2, 2000)), Launch(32, 1, 4, split=4)),
+    "cluster_softmax_f32": (lambda: resized(case_task("softmax", f32), (3, 1000)), Launch(32, 1, 4, cluster=2)),
     "shared_cluster_softmax": (lambda: resized(case_task("softmax", f16), (2, 4097)), Launch(64, 1, 1, "shared", 4)),
     "persistent_softmax": (lambda: resized(case_task("softmax", bf16), (9, 2000)),
                            Launch(32, 1, 8, "registers", 4, persistent=True)),
@@ -243,7 +246,8 @@ def _special_rows(x: torch.Tensor) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("name, dtype", [("logsumexp", f32), ("logsumexp", bf16), ("log_softmax", f32),
-                                         ("softmax", bf16), ("cross_entropy", bf16), ("logsumexp_dim1", f32),
+                                         ("softmax", bf16), ("softmax", f32), ("cross_entropy", bf16),
+                                         ("logsumexp_dim1", f32),
                                          ("softmax_dim1", f32)])
 def test_online_sums_of_exp_keep_eagers_infinities_and_nans(name, dtype, tmp_path):
     """A sum of exp(x - max) taken online (rescaled as the max grows) gives what the graph does

@@ -521,6 +521,36 @@ def test_online_sums_of_rows_held_on_chip_take_the_max_first(name, shape, launch
     assert bool(re.search(r"_from = acc\d+;|const float to = pw_maximum", kernel)) != first
 
 
+@pytest.mark.parametrize("dtype, launch, kept", [
+    (f32, Launch(256, 1, 4, split=16), True),  # held in registers over a grid: the terms take the row's place
+    (f32, Launch(1024, 1, 4, "registers", 4), True),  # over a cluster
+    (bf16, Launch(256, 1, 8, split=16), False),  # fp32 terms would take twice the row's registers
+    (f32, Launch(256, 1, 4, "shared", 4), False),  # nothing kept out of registers
+    (f32, Launch(512, 1, 4, "registers", 4, persistent=True), False),  # its stores load the next row
+])
+def test_a_softmax_held_in_registers_keeps_its_online_terms_for_its_output(dtype, launch, kept):
+    """A softmax's exps are its sum's terms and its output: where a thread takes its max first
+    and the fp32 terms fit in the registers of the row they replace, it keeps each term
+    (exp(x - its max)) and the output takes it times exp(its max - the row's max), one exp a
+    thread rather than one an element."""
+    plan = build_plan(resized(case_task("softmax", dtype), (16, 393216)), online=True)
+    (term,) = [p for p in plan.passes[0].partials if p.kept]
+    assert plan.epilogue.rescaled.takes == (("float", term.kept[0]),) and not plan.epilogue.rescaled.reads
+    kernel = kernel_source(plan, "k", launch)
+    kernel = kernel[kernel.index('extern "C"'):]
+    assert (f"keep_{term.kept[0]}[e][v] = {term.kept[0]};" in kernel) == kept
+    assert bool(re.search(rf"const float {term.acc}_rescale = pw_exp\w*\({term.acc}_top - acc\d+\);", kernel)) == kept
+    epilogue = kernel[kernel.rindex("for (int e = 0;"):]
+    assert ("pw_exp" in epilogue) != kept and ("buf0" in epilogue) != kept
+
+
+def test_online_terms_are_not_kept_where_the_row_is_streamed_or_its_exps_only_summed():
+    """logsumexp reads its row once (nothing held); log_softmax's output takes no exp."""
+    for name in ("logsumexp", "log_softmax"):
+        plan = build_plan(resized(case_task(name, f32), (16, 8192)), online=True)
+        assert not any(p.kept for w in plan.passes for p in w.partials) and plan.epilogue.rescaled is None
+
+
 @pytest.mark.parametrize("rows, persistent, wide", [
     (4096, True, False),  # 1.6e9 elements: the persistent kernel forms no offset past the last row
     (4096, False, True),  # a grid of clusters may form offsets of rows past the last

@@ -595,7 +595,21 @@ extern "C" __global__ void __launch_bounds__({self._bounds()}) {name}({", ".join
     def _kept_arrays(self) -> list[str]:
         if not self._keeps:
             return []
-        return [f"{ctype} {KEPT}{var}[{self.E}][{self.V}];" for p in self.plan.sweeps for ctype, var in p.keeps]
+        terms = [f"float {KEPT}{p.kept[0]}[{self.E}][{self.V}];" for p in self._kept_terms]
+        return [f"{ctype} {KEPT}{var}[{self.E}][{self.V}];" for p in self.plan.sweeps for ctype, var in p.keeps] + terms
+
+    @property
+    def _kept_terms(self) -> list[Partial]:
+        """The online sums whose terms a thread keeps for a later sweep (Partial.kept), in place of
+        the row's elements: where values are kept, their pass takes its max first (every sum there
+        is kept), the later sweeps read no element held on chip (so its registers, at least 4
+        bytes an element, hold the terms), and no sweep loads the next row's (persistent)."""
+        kept = [p for w in self.plan.passes for p in w.partials if p.kept]
+        stored_bytes = sum(self.plan.inputs[self.plan.accesses[k].input].torch_dtype.itemsize for k in self.plan.stored)
+        fits = (self._keeps and not self.launch.persistent and stored_bytes >= 4 * len(kept)
+                and all(self._max_first(w) for w in self.plan.passes if any(p.kept for p in w.partials))
+                and not any(w.rescaled and set(w.rescaled.reads) & set(self.plan.stored) for w in self.plan.sweeps))
+        return kept if fits else []
 
     def _buffer_type(self, k: int) -> str:
         storage = dtype_info(self.plan.inputs[self.plan.accesses[k].input].torch_dtype).storage
@@ -624,6 +638,11 @@ extern "C" __global__ void __launch_bounds__({self._bounds()}) {name}({", ".join
             if work.reusing:
                 takes = tuple(f"const {ctype} {var} = {KEPT}{var}[e][v];" for ctype, var in work.reusing.takes)
                 work = replace(work, reads=work.reusing.reads, body=takes + work.reusing.body)
+            rescales = {p.kept[0]: f"{p.acc}_rescale" for p in self._kept_terms}
+            if work.rescaled and rescales:  # each exp as its term was kept, times exp(that max - the row's)
+                takes = tuple(f"const {ctype} {var} = {KEPT}{var}[e][v] * {rescales[var]};"
+                              for ctype, var in work.rescaled.takes)
+                work = replace(work, reads=work.rescaled.reads, body=takes + work.rescaled.body)
         if self.L > 1 and not self.plan.along_rows:  # each of the thread's rows: its lane of each vector across them
             reads = [f"const {self._buffer_type(k)} l{k} = {self._global_read(k)};"
                      for k in work.reads if k not in self.plan.stored]
@@ -674,7 +693,9 @@ extern "C" __global__ void __launch_bounds__({self._bounds()}) {name}({", ".join
         else:
             lines += self._sweep(work, *self._accumulations(work.partials))
         lines += self._combine(work)
-        return lines + self._lanes(work.after)
+        kept = [p for p in self._kept_terms if p in work.partials]
+        return lines + self._lanes(list(work.after) + [
+            f"const float {p.acc}_rescale = {p.kept[1].format(f'{p.acc}_top - {p.scale}')};" for p in kept])
 
     def _max_first(self, work: Pass) -> bool:
         """Whether a pass's online sums may take the thread's max first (a sweep of its own): every
@@ -694,8 +715,13 @@ extern "C" __global__ void __launch_bounds__({self._bounds()}) {name}({", ".join
         online = [p for p in partials if p.combine == "online"]
         staged = [p for p in partials if p.combine == "sum" and self.V > 1]
         plain = [p for p in partials if p not in staged and p not in online]
-        if max_taken:
-            per_element = [f"{p.acc}_v += {p.term.format(f'{p.source} - {p.acc}_top')};" for p in online]
+        if max_taken:  # a kept term (Partial.kept) in its exp's own form, stored as it is summed
+            kept = [p for p in online if p in self._kept_terms]
+            per_element = [line for p in kept for line in (
+                f"const float {p.kept[0]} = {p.kept[1].format(f'{p.source} - {p.acc}_top')};",
+                f"{KEPT}{p.kept[0]}[e][v] = {p.kept[0]};", f"{p.acc}_v += {p.kept[0]};")]
+            per_element += [f"{p.acc}_v += {p.term.format(f'{p.source} - {p.acc}_top')};"
+                            for p in online if p not in kept]
             before = [f"float {p.acc}_v = 0.0f;" for p in online]
             after = [f"{p.acc} += ({self._accumulator(p)}){p.acc}_v;" for p in online]
             online = []
@@ -957,7 +983,7 @@ extern "C" __global__ void __launch_bounds__({self._bounds()}) {name}({", ".join
 # workspace slots) and its index: what a thread taking several rows keeps once for each.
 # (acc<k>_v, _y, _from, _at, _top: a vector's staged sum, an online sum's vector, its max before it,
 # its max before shuffles, the max taken first)
-_LANE_LOCAL = re.compile(r"\b((?:a|v|acc|red|fin|ws|rcp)\d+(?:_v|_y|_from|_at|_top)?)\b")
+_LANE_LOCAL = re.compile(r"\b((?:a|v|acc|red|fin|ws|rcp)\d+(?:_v|_y|_from|_at|_top|_rescale)?)\b")
 _ROW = re.compile(r"\brow\b")
 
 

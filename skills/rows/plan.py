@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import math
 import operator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 from torch.fx import Node
@@ -110,12 +110,18 @@ class Partial:
     An "online" partial is a sum of exp(source - m) where m is the row's max of source: the
     max partial `scale` of the same pass. Each thread sums the terms relative to its running
     max and rescales the sum when the max grows (`term`: the exp's C form, "{}" its argument),
-    so logsumexp and cross-entropy read each row once instead of holding it for a second pass."""
+    so logsumexp and cross-entropy read each row once instead of holding it for a second pass.
+
+    Where a later sweep reads the sum's exp itself (softmax's output), `kept` names that value
+    (C variable, its exp's C form): a thread holding its part of the row may keep each term in
+    that form against its own max, and the later sweep take it times exp(that max - the row's
+    max) (Pass.rescaled) rather than compute the exp again."""
     acc: str       # C accumulator
     combine: str   # "sum", "max", "min" or "online"
     source: str    # C value accumulated per element, after the pass's statements
     scale: str = ""  # an online sum's max accumulator
     term: str = ""   # an online sum's exp, "{}" for its argument
+    kept: tuple[str, str] = ()  # an online sum's exp read by a later sweep: (variable, C form)
 
 
 @dataclass(frozen=True)
@@ -126,13 +132,15 @@ class Pass:
     Where the row's elements are held in registers, a costly element value (an exp) computed by
     one sweep and needed by a later one is kept there too: the sweep that first computes it
     keeps each `keeps` value (C type, variable) per element, and a later sweep runs `reusing`
-    (its reads and body, taking kept values as computed) instead of `reads` and `body`."""
+    (its reads and body, taking kept values as computed) instead of `reads` and `body`.
+    `rescaled` is the same for the exps of online sums (Partial.kept) where their terms were kept."""
     reads: tuple[int, ...]
     body: tuple[str, ...]
     partials: tuple[Partial, ...] = ()
     after: tuple[str, ...] = ()
     keeps: tuple[tuple[str, str], ...] = ()
     reusing: Reuse | None = None
+    rescaled: Reuse | None = None
 
 
 @dataclass(frozen=True)
@@ -456,6 +464,8 @@ class _Program:
         self.finals: dict[int, list[str]] = {}  # level -> per-row lines finishing its reductions
         self.mean_of: dict[Node, Value] = {}  # var_mean -> its mean
         self.reciprocals: dict[tuple[str, bool], tuple[str, int, str]] = {}  # (divisor, fast) -> (var, level, line)
+        self.exp_forms: dict[Node, str] = {}  # exp(y - max(y)) in fp32 -> its C form ("{}": its argument)
+        self.online_exps: dict[str, Node] = {}  # an online partial's accumulator -> the exp it sums
         # A bf16 program computes in fp32 (softmax, cross-entropy); where every output is fp16/bf16
         # the fast exp and division (few fp32 ulps: Triton's tl.exp and `/`) are hidden by that rounding
         # and keep an exp-heavy row from being bound by the accurate expf's instructions.
@@ -527,6 +537,9 @@ class _Program:
         self.values[node] = Value(var, meta.dtype)
         self.statements[node] = [f"const {info.ctype} {var} = {expr};"]
         self.ready[node] = max((self.ready[a] for a in node.all_input_nodes), default=-1)
+        found = _exp_less_max(node)
+        if found and not found[2] and dtype == torch.float32 and expr.count(args["self"]) == 1:
+            self.exp_forms[node] = expr.replace(args["self"], "{}")
 
     def _one_plus_tanh(self, node: Node, bound: dict, args: OpArgs) -> str | None:
         """1 + tanh(z), where every result is rounded to fp16/bf16, as the fast 2 sigmoid(2 z)
@@ -577,6 +590,7 @@ class _Program:
         level, scale = self.ready[amax], self.accumulators[amax]
         n = len(self.values)
         self._partial(level, y, Partial(f"acc{n}", "online", self.values[y].var, scale, FTZ_EXP))
+        self.online_exps[f"acc{n}"] = exp
         final = "rows_online_sum_guarded" if guarded else "rows_online_sum"
         self.finals.setdefault(level, []).append(f"const float v{n} = {final}(acc{n}, {scale});")
         self.values[node] = Value(f"v{n}", torch.float32)
@@ -742,6 +756,7 @@ class _Program:
         sweeps.append([n for n in out_nodes if not self.per_row[n]])  # the epilogue
         whole = [self._needed(roots) for roots in sweeps]  # each sweep's nodes, nothing kept
         kept_at = self._kept(sweeps, whole)
+        terms = {} if kept_at else self._kept_terms(whole)
         works = []
         for i, roots in enumerate(sweeps):
             earlier = {n for n, at in kept_at.items() if at < i}
@@ -750,12 +765,32 @@ class _Program:
             takes = [n for n in self.b.nodes if n in earlier and n in needed]
             reuse = Reuse(*self._work(needed - earlier, takes)) if takes else None
             keeps = tuple(self._typed(n) for n, at in kept_at.items() if at == i)
-            works.append((reads, body, keeps, reuse))
+            earlier = {n for n, at in terms.items() if at < i}
+            needed = self._needed(roots, earlier)
+            takes = [n for n in self.b.nodes if n in earlier and n in needed]
+            rescaled = Reuse(*self._work(needed - earlier, takes)) if takes else None
+            works.append((reads, body, keeps, reuse, rescaled))
         passes = tuple(Pass(reads, body, tuple(p for _, p in self.partials.get(level, [])),
-                            tuple(self.finals.get(level, []) + row_lines.get(level, [])), keeps, reuse)
-                       for level, (reads, body, keeps, reuse) in enumerate(works[:-1]))
-        reads, body, keeps, reuse = works[-1]
-        return passes, prelude, Pass(reads, body, keeps=keeps, reusing=reuse)
+                            tuple(self.finals.get(level, []) + row_lines.get(level, [])), keeps, reuse, rescaled)
+                       for level, (reads, body, keeps, reuse, rescaled) in enumerate(works[:-1]))
+        reads, body, keeps, reuse, rescaled = works[-1]
+        return passes, prelude, Pass(reads, body, keeps=keeps, reusing=reuse, rescaled=rescaled)
+
+    def _kept_terms(self, whole: list[set[Node]]) -> dict[Node, int]:
+        """The exps of online sums (softmax's exp(y - max(y))) a later sweep reads, each with its
+        sum's pass, where every element that pass reads a later sweep reads too (so it is held on
+        chip, and a thread may take its max first: codegen). Marks each sum's partial `kept`."""
+        reads = [set(self._work(nodes, [])[0]) for nodes in whole]
+        terms = {}
+        for level, partials in self.partials.items():
+            later = set().union(*reads[level + 1:])
+            for i, (source, p) in enumerate(partials):
+                exp = self.online_exps.get(p.acc)
+                if (exp in self.exp_forms and any(exp in nodes for nodes in whole[level + 1:])
+                        and reads[level] <= later):
+                    terms[exp] = level
+                    partials[i] = (source, replace(p, kept=(self.var(exp), self.exp_forms[exp])))
+        return terms
 
     def _kept(self, sweeps: list[list[Node]], needed: list[set[Node]]) -> dict[Node, int]:
         """The costly element values (COSTLY) a later sweep needs, each with the sweep that first
