@@ -539,7 +539,8 @@ def test_a_softmax_held_in_registers_keeps_its_online_terms_for_its_output(dtype
     kernel = kernel_source(plan, "k", launch)
     kernel = kernel[kernel.index('extern "C"'):]
     assert (f"keep_{term.kept[0]}[e][v] = {term.kept[0]};" in kernel) == kept
-    assert bool(re.search(rf"const float {term.acc}_rescale = pw_exp\w*\({term.acc}_top - acc\d+\);", kernel)) == kept
+    rescale = f"const float {term.acc}_rescale = pw_exp\\w*\\({term.acc}_top - {term.kept[2]}\\);"
+    assert bool(re.search(rescale, kernel)) == kept
     epilogue = kernel[kernel.rindex("for (int e = 0;"):]
     assert ("pw_exp" in epilogue) != kept and ("buf0" in epilogue) != kept
 

@@ -695,7 +695,7 @@ extern "C" __global__ void __launch_bounds__({self._bounds()}) {name}({", ".join
         lines += self._combine(work)
         kept = [p for p in self._kept_terms if p in work.partials]
         return lines + self._lanes(list(work.after) + [
-            f"const float {p.acc}_rescale = {p.kept[1].format(f'{p.acc}_top - {p.scale}')};" for p in kept])
+            f"const float {p.acc}_rescale = {p.kept[1].format(f'{p.acc}_top - {p.kept[2]}')};" for p in kept])
 
     def _max_first(self, work: Pass) -> bool:
         """Whether a pass's online sums may take the thread's max first (a sweep of its own): every

@@ -113,15 +113,16 @@ class Partial:
     so logsumexp and cross-entropy read each row once instead of holding it for a second pass.
 
     Where a later sweep reads the sum's exp itself (softmax's output), `kept` names that value
-    (C variable, its exp's C form): a thread holding its part of the row may keep each term in
-    that form against its own max, and the later sweep take it times exp(that max - the row's
-    max) (Pass.rescaled) rather than compute the exp again."""
+    (C variable, its exp's C form, the row's max as a per-row variable): a thread holding its
+    part of the row may keep each term in that form against its own max, and the later sweep
+    take it times exp(that max - the row's max) (Pass.rescaled) rather than compute the exp
+    again."""
     acc: str       # C accumulator
     combine: str   # "sum", "max", "min" or "online"
     source: str    # C value accumulated per element, after the pass's statements
     scale: str = ""  # an online sum's max accumulator
     term: str = ""   # an online sum's exp, "{}" for its argument
-    kept: tuple[str, str] = ()  # an online sum's exp read by a later sweep: (variable, C form)
+    kept: tuple[str, str, str] = ()  # an online sum's exp read by a later sweep: (variable, C form, max)
 
 
 @dataclass(frozen=True)
@@ -759,22 +760,22 @@ class _Program:
         terms = {} if kept_at else self._kept_terms(whole)
         works = []
         for i, roots in enumerate(sweeps):
-            earlier = {n for n, at in kept_at.items() if at < i}
-            needed = self._needed(roots, earlier)
             reads, _, body = self._work(whole[i], [])
-            takes = [n for n in self.b.nodes if n in earlier and n in needed]
-            reuse = Reuse(*self._work(needed - earlier, takes)) if takes else None
             keeps = tuple(self._typed(n) for n, at in kept_at.items() if at == i)
-            earlier = {n for n, at in terms.items() if at < i}
-            needed = self._needed(roots, earlier)
-            takes = [n for n in self.b.nodes if n in earlier and n in needed]
-            rescaled = Reuse(*self._work(needed - earlier, takes)) if takes else None
-            works.append((reads, body, keeps, reuse, rescaled))
+            works.append((reads, body, keeps, self._reuse(roots, kept_at, i), self._reuse(roots, terms, i)))
         passes = tuple(Pass(reads, body, tuple(p for _, p in self.partials.get(level, [])),
                             tuple(self.finals.get(level, []) + row_lines.get(level, [])), keeps, reuse, rescaled)
                        for level, (reads, body, keeps, reuse, rescaled) in enumerate(works[:-1]))
         reads, body, keeps, reuse, rescaled = works[-1]
         return passes, prelude, Pass(reads, body, keeps=keeps, reusing=reuse, rescaled=rescaled)
+
+    def _reuse(self, roots: list[Node], kept: dict[Node, int], i: int) -> Reuse | None:
+        """Sweep i's work computing `roots` where earlier sweeps kept values (`kept`: each with the
+        sweep that keeps it), or None where it takes none of them."""
+        earlier = {n for n, at in kept.items() if at < i}
+        needed = self._needed(roots, earlier)
+        takes = [n for n in self.b.nodes if n in earlier and n in needed]
+        return Reuse(*self._work(needed - earlier, takes)) if takes else None
 
     def _kept_terms(self, whole: list[set[Node]]) -> dict[Node, int]:
         """The exps of online sums (softmax's exp(y - max(y))) a later sweep reads, each with its
@@ -789,7 +790,8 @@ class _Program:
                 if (exp in self.exp_forms and any(exp in nodes for nodes in whole[level + 1:])
                         and reads[level] <= later):
                     terms[exp] = level
-                    partials[i] = (source, replace(p, kept=(self.var(exp), self.exp_forms[exp])))
+                    amax = _exp_less_max(exp)[1]
+                    partials[i] = (source, replace(p, kept=(self.var(exp), self.exp_forms[exp], self.var(amax))))
         return terms
 
     def _kept(self, sweeps: list[list[Node]], needed: list[set[Node]]) -> dict[Node, int]:
