@@ -219,7 +219,7 @@ ONLINE = {
     "shared_cluster_softmax": (lambda: resized(case_task("softmax", f16), (2, 4097)), Launch(64, 1, 1, "shared", 4)),
     "persistent_softmax": (lambda: resized(case_task("softmax", bf16), (9, 2000)),
                            Launch(32, 1, 8, "registers", 4, persistent=True)),
-    # across rows, held: each thread's max over its part first (codegen._Writer._max_first)
+    # across rows, held over a grid
     "across_rows_softmax_dim1": (lambda: case_task("softmax_dim1", f32, (4, 300, 6)), Launch(8, 32, 1, split=4)),
 }
 

@@ -504,23 +504,6 @@ def test_online_sums_are_fp32_where_each_thread_sums_few_terms(shape, launch, fp
     assert ("+ (float)__shfl_xor_sync" in kernel) == fp32
 
 
-@pytest.mark.parametrize("name, shape, launch, first", [
-    ("softmax", (16, 393216), Launch(256, 1, 4, split=16), True),  # held in registers over a grid
-    ("softmax", (2, 4097), Launch(64, 1, 1, "shared", 4), True),  # in shared memory, a cluster a row
-    ("log_softmax", (9, 2000), Launch(32, 1, 4, "registers", 4, persistent=True), True),
-    ("logsumexp", (4, 5000), Launch(32, 1, 4, split=4), False),  # streamed: read once, online
-])
-def test_online_sums_of_rows_held_on_chip_take_the_max_first(name, shape, launch, first):
-    """Where the pass's elements are held on chip, a thread takes its max over them in a sweep of
-    its own, then sums each term against it (acc<k>_top): no rescale a vector. A streamed row
-    (logsumexp: nothing held) is read once, so its sum is rescaled as its max grows."""
-    plan = build_plan(resized(case_task(name, f32), shape), online=True)
-    kernel = kernel_source(plan, "k", launch)
-    kernel = kernel[kernel.index('extern "C"'):]
-    assert bool(re.search(r"const float acc\d+_top = fmaxf", kernel)) == first
-    assert bool(re.search(r"_from = acc\d+;|const float to = pw_maximum", kernel)) != first
-
-
 @pytest.mark.parametrize("dtype, launch, kept", [
     (f32, Launch(256, 1, 4, split=16), True),  # held in registers over a grid: the terms take the row's place
     (f32, Launch(1024, 1, 4, "registers", 4), True),  # over a cluster
@@ -529,10 +512,11 @@ def test_online_sums_of_rows_held_on_chip_take_the_max_first(name, shape, launch
     (f32, Launch(512, 1, 4, "registers", 4, persistent=True), False),  # its stores load the next row
 ])
 def test_a_softmax_held_in_registers_keeps_its_online_terms_for_its_output(dtype, launch, kept):
-    """A softmax's exps are its sum's terms and its output: where a thread takes its max first
-    and the fp32 terms fit in the registers of the row they replace, it keeps each term
-    (exp(x - its max)) and the output takes it times exp(its max - the row's max), one exp a
-    thread rather than one an element."""
+    """A softmax's exps are its sum's terms and its output: where the fp32 terms fit in the
+    registers of the row they replace, a thread takes its max over its part first (acc<k>_top),
+    keeps each term (exp(x - that max)) as it sums it, and the output takes it times exp(its max
+    - the row's max): one exp a thread rather than one an element. Elsewhere the online sweep
+    rescales the sum as the max grows, a vector at a time."""
     plan = build_plan(resized(case_task("softmax", dtype), (16, 393216)), online=True)
     (term,) = [p for p in plan.passes[0].partials if p.kept]
     assert plan.epilogue.rescaled.takes == (("float", term.kept[0]),) and not plan.epilogue.rescaled.reads
@@ -543,13 +527,18 @@ def test_a_softmax_held_in_registers_keeps_its_online_terms_for_its_output(dtype
     assert bool(re.search(rescale, kernel)) == kept
     epilogue = kernel[kernel.rindex("for (int e = 0;"):]
     assert ("pw_exp" in epilogue) != kept and ("buf0" in epilogue) != kept
+    assert bool(re.search(r"const float acc\d+_top = fmaxf", kernel)) == kept
+    assert bool(re.search(r"_from = acc\d+;", kernel)) != kept
 
 
 def test_online_terms_are_not_kept_where_the_row_is_streamed_or_its_exps_only_summed():
-    """logsumexp reads its row once (nothing held); log_softmax's output takes no exp."""
-    for name in ("logsumexp", "log_softmax"):
+    """logsumexp reads its row once (nothing held); log_softmax's output takes no exp. Both sum
+    online, rescaling as the max grows."""
+    for name, launch in (("logsumexp", Launch(32, 1, 4, split=4)), ("log_softmax", Launch(256, 1, 4, split=4))):
         plan = build_plan(resized(case_task(name, f32), (16, 8192)), online=True)
         assert not any(p.kept for w in plan.passes for p in w.partials) and plan.epilogue.rescaled is None
+        kernel = kernel_source(plan, "k", launch)
+        assert "_top = fmaxf" not in kernel and re.search(r"_from = acc\d+;", kernel)
 
 
 @pytest.mark.parametrize("rows, persistent, wide", [
