@@ -601,9 +601,9 @@ extern "C" __global__ void __launch_bounds__({self._bounds()}) {name}({", ".join
     @property
     def _kept_terms(self) -> list[Partial]:
         """The online sums whose terms a thread keeps for a later sweep (Partial.kept), in place of
-        the row's elements: where values are kept, their pass takes its max first (every sum there
-        is kept), the later sweeps read no element held on chip (so its registers, at least 4
-        bytes an element, hold the terms), and no sweep loads the next row's (persistent)."""
+        the row's elements: where values are kept, their pass may take its max first, the later
+        sweeps read no element held on chip (so its registers, at least 4 bytes an element, hold
+        the terms), and no sweep loads the next row's (persistent)."""
         kept = [p for w in self.plan.passes for p in w.partials if p.kept]
         stored_bytes = sum(self.plan.inputs[self.plan.accesses[k].input].torch_dtype.itemsize for k in self.plan.stored)
         fits = (self._keeps and not self.launch.persistent and stored_bytes >= 4 * len(kept)
@@ -684,8 +684,8 @@ extern "C" __global__ void __launch_bounds__({self._bounds()}) {name}({", ".join
         lines = self._lanes([f"{self._accumulator(p)} {p.acc} = {IDENTITY[p.combine]};" for p in work.partials])
         online = [p for p in work.partials if p.combine == "online"]
         if online and self._max_first(work):
-            # the thread's part of the row is on chip: its max first, then each term against it
-            # once, with no rescale a vector (nor its exp, branch and chain from vector to vector)
+            # terms kept for a later sweep: the thread's max over its part (on chip) first, then
+            # each term against it once, with no rescale a vector
             scales = [p for p in work.partials if p.acc in {q.scale for q in online}]
             lines += self._sweep(work, *self._accumulations(scales))
             lines += self._lanes([f"const float {p.acc}_top = fmaxf({p.scale}, -{FLOAT_MAX});" for p in online])
@@ -701,8 +701,8 @@ extern "C" __global__ void __launch_bounds__({self._bounds()}) {name}({", ".join
         """Whether a pass's online sums take the thread's max first: where their terms are kept
         (Partial.kept), which needs it. Elsewhere the online sweep, whose exps run while later
         vectors still load: on an H100 (2026-12-06, benchmarks/rows_ab.py), taking the max first
-        without keeping the terms ran the split softmax over 16 x 393216 2% slower in fp32 and
-        -2% to +1% in bf16."""
+        without keeping the terms ran the split softmax over 16 x 393216 2% slower in fp32, and
+        from 2% slower to 1% faster in bf16."""
         return any(p in self._kept_terms for p in work.partials)
 
     def _may_take_max_first(self, work: Pass) -> bool:
