@@ -36,10 +36,10 @@
 #   benchmarks/gpu_session.sh stagger [LABELS] # the 16 x 393216 softmax on rows_stagger.py's layout (each block a
 #                                            # slice of every row): its one-exchange kernels (stagger-sync) by
 #                                            # default, or the comma-separated label prefixes given
-#   benchmarks/gpu_session.sh ab BASE SPEC.. # the rows template's codegen A/B: each launch of SPEC
-#                                            # (problem:dtype[:tags]) written by BASE (codegen.py files, comma-
-#                                            # separated: git show REV:skills/rows/codegen.py) and by this
-#                                            # checkout's, timed
+#   benchmarks/gpu_session.sh ab BASE[,BASE..] SPEC..
+#                                            # the rows template's codegen A/B: each launch of SPEC
+#                                            # (problem:dtype[:tags]) written by each BASE (a codegen.py: git
+#                                            # show REV:skills/rows/codegen.py) and by this checkout's, timed
 #                                            # interleaved (benchmarks/rows_ab.py)
 #   benchmarks/gpu_session.sh many-long-rows # softmax over 1024 x 393216 (the suite's softmax_many_long_rows):
 #                                            # every launch of the backend's candidates (rows_plans.py), then

@@ -1026,7 +1026,7 @@ def _shuffles(partials, lanes: int, kind_of) -> list[str]:
         return ["#pragma unroll", f"for (int m = {lanes // 2}; m > 0; m >>= 1) {{"] + _indent_lines(lines) + ["}"]
     online = [p for p in partials if p.combine == "online"]
     if any(p.scale not in {q.acc for q in partials} for p in online):
-        raise ValueError("an online sum's max is combined with it")
+        raise ValueError("an online sum's max is not among the partials combined with it")
     lines = butterfly([f"{p.acc} = {COMBINE[p.combine].format(a=p.acc, b=_shuffle_xor(p.acc))};"
                        for p in partials if p.combine != "online"])
     if not online:

@@ -465,7 +465,8 @@ class _Program:
         self.finals: dict[int, list[str]] = {}  # level -> per-row lines finishing its reductions
         self.mean_of: dict[Node, Value] = {}  # var_mean -> its mean
         self.reciprocals: dict[tuple[str, bool], tuple[str, int, str]] = {}  # (divisor, fast) -> (var, level, line)
-        self.exp_forms: dict[Node, str] = {}  # exp(y - max(y)) in fp32 -> its C form ("{}": its argument)
+        # exp(y - max(y)) in fp32 -> its C form ("{}": its argument) and max(y)'s per-row variable
+        self.exp_forms: dict[Node, tuple[str, str]] = {}
         self.online_exps: dict[str, Node] = {}  # an online partial's accumulator -> the exp it sums
         # A bf16 program computes in fp32 (softmax, cross-entropy); where every output is fp16/bf16
         # the fast exp and division (few fp32 ulps: Triton's tl.exp and `/`) are hidden by that rounding
@@ -540,7 +541,7 @@ class _Program:
         self.ready[node] = max((self.ready[a] for a in node.all_input_nodes), default=-1)
         found = _exp_less_max(node)
         if found and not found[2] and dtype == torch.float32 and expr.count(args["self"]) == 1:
-            self.exp_forms[node] = expr.replace(args["self"], "{}")
+            self.exp_forms[node] = expr.replace(args["self"], "{}"), self.var(found[1])
 
     def _one_plus_tanh(self, node: Node, bound: dict, args: OpArgs) -> str | None:
         """1 + tanh(z), where every result is rounded to fp16/bf16, as the fast 2 sigmoid(2 z)
@@ -790,8 +791,7 @@ class _Program:
                 if (exp in self.exp_forms and any(exp in nodes for nodes in whole[level + 1:])
                         and reads[level] <= later):
                     terms[exp] = level
-                    amax = _exp_less_max(exp)[1]
-                    partials[i] = (source, replace(p, kept=(self.var(exp), self.exp_forms[exp], self.var(amax))))
+                    partials[i] = (source, replace(p, kept=(self.var(exp), *self.exp_forms[exp])))
         return terms
 
     def _kept(self, sweeps: list[list[Node]], needed: list[set[Node]]) -> dict[Node, int]:
