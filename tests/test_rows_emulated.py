@@ -231,6 +231,24 @@ def test_online_launches_compute_the_task(label, tmp_path):
     _check(task, launch, tmp_path, plan=build_plan(task, online=True))
 
 
+@pytest.mark.parametrize("dtype, launch", [(f32, Launch(32, 1, 4, split=4)), (f32, Launch(32, 1, 4, cluster=2)),
+                                           (f32, Launch(64, 1, 4)), (bf16, Launch(32, 1, 8, split=4))])
+def test_kept_terms_far_above_a_threads_first_value_are_taken_again_against_its_max(dtype, launch, tmp_path):
+    """A softmax's kept terms are summed against the floor of each thread's first element; where
+    the thread's max is more than FIRST_VALUE_RANGE above it (each vector's first element far
+    below the rest, in row 0; a ramp in row 1), they are taken again from memory against its max,
+    to the verifier's accuracy (row 2: no thread goes back)."""
+    task = resized(case_task("softmax", dtype), (3, 2000))
+    plan = build_plan(task, online=True)
+    source = kernel_source(plan, "k", launch)
+    assert "floorf(fmaxf(" in source and "<= 64.0f" in source
+    inputs = random_inputs(task.inputs, 0, scale=2.0, device="cpu")
+    inputs[0][0, ::4] = -200.0
+    inputs[0][1] = torch.linspace(-100, 100, 2000)
+    got = run(source, "k", launch_arguments(plan, launch), inputs, list(task.outputs), tmp_path)
+    assert_computes_the_task(task, inputs, tuple(got), str(launch))
+
+
 def _special_rows(x: torch.Tensor) -> torch.Tensor:
     """`x` with rows of -inf, one +inf, a NaN, -inf beside finite values, and values growing along
     the row (the running max rises at every element) or far from 0."""

@@ -507,16 +507,19 @@ def test_online_sums_are_fp32_where_each_thread_sums_few_terms(shape, launch, fp
 @pytest.mark.parametrize("dtype, launch, kept", [
     (f32, Launch(256, 1, 4, split=16), True),  # held in registers over a grid: the terms take the row's place
     (f32, Launch(1024, 1, 4, "registers", 4), True),  # over a cluster
-    (bf16, Launch(256, 1, 8, split=16), False),  # fp32 terms would take twice the row's registers
+    (bf16, Launch(256, 1, 8, split=16), True),  # twice the row's registers, within the grid's budget
+    (bf16, Launch(1024, 1, 8, "registers", 4), False),  # twice the row's registers, no budget known
     (f32, Launch(256, 1, 4, "shared", 4), False),  # nothing kept out of registers
     (f32, Launch(512, 1, 4, "registers", 4, persistent=True), False),  # its stores load the next row
 ])
 def test_a_softmax_held_in_registers_keeps_its_online_terms_for_its_output(dtype, launch, kept):
     """A softmax's exps are its sum's terms and its output: where the fp32 terms fit in the
-    registers of the row they replace, a thread takes its max over its part first (acc<k>_top),
-    keeps each term (exp(x - that max)) as it sums it, and the output takes it times exp(its max
-    - the row's max): one exp a thread rather than one an element. Elsewhere the online sweep
-    rescales the sum as the max grows, a vector at a time."""
+    registers of the row they replace (or a cooperative grid's launch bounds leave them room), a
+    thread keeps each term (exp(x - acc<k>_top), the floor
+    of its first element) as it sums it, as its vectors land, takes them again against its max
+    from memory where that max is too far above, and the output takes each term times exp(that
+    value - the row's max): one exp a thread rather than one an element. Elsewhere the online
+    sweep rescales the sum as the max grows, a vector at a time."""
     plan = build_plan(resized(case_task("softmax", dtype), (16, 393216)), online=True)
     (term,) = [p for p in plan.passes[0].partials if p.kept]
     assert plan.epilogue.rescaled.takes == (("float", term.kept[0]),) and not plan.epilogue.rescaled.reads
@@ -527,7 +530,8 @@ def test_a_softmax_held_in_registers_keeps_its_online_terms_for_its_output(dtype
     assert bool(re.search(rescale, kernel)) == kept
     epilogue = kernel[kernel.rindex("for (int e = 0;"):]
     assert ("pw_exp" in epilogue) != kept and ("buf0" in epilogue) != kept
-    assert bool(re.search(r"const float acc\d+_top = fmaxf", kernel)) == kept
+    assert bool(re.search(r"if \(e == 0 && v == 0\) acc\d+_top = floorf\(fmaxf\([av]\d+, ", kernel)) == kept
+    assert bool(re.search(r"if \(!\(acc\d+ - acc\d+_top <= 64.0f\)\) {\n *acc\d+_top = fmaxf", kernel)) == kept
     assert bool(re.search(r"_from = acc\d+;", kernel)) != kept
 
 

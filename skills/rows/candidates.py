@@ -10,7 +10,7 @@ from skills.pointwise.errors import Unsupported
 
 from .codegen import (TYPICAL_SM_COUNT, WARP, Launch, blocks_per_sm, buffer_bytes, can_persist, can_prefetch,
                       grid_blocks, is_vector_access, keeps_values, kernel_source, lanes, lanes_fit, lanes_fit_along,
-                      shared_bytes, streamed_access, vectors_per_thread, workspace_bytes)
+                      register_budget, shared_bytes, streamed_access, vectors_per_thread, workspace_bytes)
 from .plan import RowPlan
 
 REGISTER_WORDS = 32        # 32-bit registers a thread may spend on its part of the on-chip rows
@@ -29,7 +29,6 @@ SPLIT_THREADS, SPLIT_BLOCKS = 256, 4 * TYPICAL_SM_COUNT
 SPLIT_REGISTER_WORDS = 96
 # ... and in what the register file leaves each thread of the resident grid, less what the
 # kernel needs besides its slice (indices, partials, the epilogue's values).
-REGISTER_FILE, MAX_THREAD_REGISTERS, OTHER_REGISTERS = 64 * 1024, 255, 32
 MAX_BLOCK = 1024
 # The most elements of its row a thread of a persistent cluster holds (_persistent_clusters):
 # bf16 ones widen to fp32 as they are reduced, and at 192 a thread the kernel spilled.
@@ -225,7 +224,7 @@ def _persistent_clusters(plan: RowPlan) -> list[Launch]:
     shapes = [Launch(t, 1, plan.vector_width, "registers", MAX_CLUSTER, persistent=True)
               for t in (MAX_BLOCK // 4, MAX_BLOCK // 2, MAX_BLOCK)]
     return [c for c in shapes if can_persist(plan, c) and vectors_per_thread(plan, c) * c.width <= PERSISTENT_ELEMENTS
-            and _words(plan, c) <= _register_budget(c, 1)][:1]
+            and _words(plan, c) <= register_budget(c, 1)][:1]
 
 
 def _prefetching(plan: RowPlan, held: list[Launch]) -> list[Launch]:
@@ -280,13 +279,7 @@ def _wide_register_splits(plan: RowPlan, split: int) -> list[Launch]:
 def _fits_registers(plan: RowPlan, launch: Launch) -> bool:
     """Whether a split launch's slice fits in SPLIT_REGISTER_WORDS a thread and in the register
     budget of a thread of a resident grid."""
-    return _words(plan, launch) <= min(SPLIT_REGISTER_WORDS, _register_budget(launch, blocks_per_sm(plan, launch)))
-
-
-def _register_budget(launch: Launch, blocks: int) -> int:
-    """Registers a thread may hold its slice in: what the register file leaves each thread of
-    `blocks` blocks of `launch` an SM (at most MAX_THREAD_REGISTERS), less OTHER_REGISTERS."""
-    return min(MAX_THREAD_REGISTERS, REGISTER_FILE // (launch.block * blocks)) - OTHER_REGISTERS
+    return _words(plan, launch) <= min(SPLIT_REGISTER_WORDS, register_budget(launch, blocks_per_sm(plan, launch)))
 
 
 def _across_rows(plan: RowPlan) -> list[Launch]:

@@ -56,11 +56,13 @@ ACCUMULATOR = {"sum": "double", "online": "double", "max": "float", "min": "floa
 # persistent softmax over 1024 x 393216 from 530 to 609 us in bf16, 983 to 1059 in fp32.
 ONLINE_FP32_TERMS = 128
 TYPICAL_SM_COUNT = 132  # H100/H200: how many blocks of a split row's cooperative grid each SM must hold
+REGISTER_FILE, MAX_THREAD_REGISTERS, OTHER_REGISTERS = 64 * 1024, 255, 32
 WORKSPACE_SLOT_BYTES = 8  # a split row's partial of one block in the workspace (the widest accumulator)
 COMBINE = {"sum": "({a} + {b})", "online": "({a} + {b})", "max": "pw_maximum({a}, {b})",
            "min": "pw_minimum({a}, {b})"}
 WARP = 32
 FLOAT_MAX = "3.40282347e+38f"
+FIRST_VALUE_RANGE = "64.0f"  # how far a thread's max may rise over its first value: 64 * e^64 terms fit fp32
 # An online sum (plan.Partial): a sum of exp(y - m) relative to max m, rescaled to max `to` (0 where
 # m is -inf); and the row's sum once its max m is known, as the graph computes it where m is not
 # finite: y - m is NaN for some y (m = +-inf), or, behind logsumexp's guard, every term is 0 or inf.
@@ -187,6 +189,12 @@ def blocks_per_sm(plan: RowPlan, launch: Launch) -> int:
     """The blocks of `launch`'s grid each SM holds at once (a cooperative grid must be resident):
     the launch bounds' minimum, and what a thread's registers are budgeted for."""
     return -(-grid_blocks(plan, launch) // TYPICAL_SM_COUNT)
+
+
+def register_budget(launch: Launch, blocks: int) -> int:
+    """Registers a thread may hold its part of a row in: what the register file leaves each thread
+    of `blocks` blocks of `launch` an SM (at most MAX_THREAD_REGISTERS), less OTHER_REGISTERS."""
+    return min(MAX_THREAD_REGISTERS, REGISTER_FILE // (launch.block * blocks)) - OTHER_REGISTERS
 
 
 def workspace_bytes(plan: RowPlan, launch: Launch) -> int:
@@ -602,11 +610,15 @@ extern "C" __global__ void __launch_bounds__({self._bounds()}) {name}({", ".join
     def _kept_terms(self) -> list[Partial]:
         """The online sums whose terms a thread keeps for a later sweep (Partial.kept), in place of
         the row's elements: where values are kept, their pass may take its max first, the later
-        sweeps read no element held on chip (so its registers, at least 4 bytes an element, hold
-        the terms), and no sweep loads the next row's (persistent)."""
+        sweeps read no element held on chip (so its registers hold the terms: at least 4 bytes an
+        element, or over a cooperative grid, whose launch bounds give each thread its registers,
+        the words the terms take within that budget), and no sweep loads the next row's
+        (persistent)."""
         kept = [p for w in self.plan.passes for p in w.partials if p.kept]
         stored_bytes = sum(self.plan.inputs[self.plan.accesses[k].input].torch_dtype.itemsize for k in self.plan.stored)
-        fits = (self._keeps and not self.launch.persistent and stored_bytes >= 4 * len(kept)
+        budget = register_budget(self.launch, blocks_per_sm(self.plan, self.launch)) if self.S > 1 else 0
+        fits = (self._keeps and not self.launch.persistent
+                and (stored_bytes >= 4 * len(kept) or len(kept) * self.E * self.V <= budget)
                 and all(self._may_take_max_first(w) for w in self.plan.passes if any(p.kept for p in w.partials))
                 and not any(w.rescaled and set(w.rescaled.reads) & set(self.plan.stored) for w in self.plan.sweeps))
         return kept if fits else []
@@ -629,10 +641,13 @@ extern "C" __global__ void __launch_bounds__({self._bounds()}) {name}({", ".join
                 + ["    " + line for line in first + body] + ["  }", "}"])
 
     def _sweep(self, work: Pass, per_element_end: list[str], before: list[str] = (),
-               per_vector_end: list[str] = ()) -> list[str]:
+               per_vector_end: list[str] = (), held: tuple[int, ...] | None = None) -> list[str]:
         """A loop over the thread's vectors: read `work.reads`, run `before`, then per element
         `work.body` and `per_element_end`, then `per_vector_end` (where values are kept between
-        sweeps, `work.reusing` for reads and body, and the values it keeps stored after it)."""
+        sweeps, `work.reusing` for reads and body, and the values it keeps stored after it). The
+        accesses `held` (the plan's stored ones unless given) are read from their on-chip copies,
+        the others from global memory."""
+        held = self.plan.stored if held is None else held
         if self._keeps:
             per_element_end = [f"{KEPT}{var}[e][v] = {var};" for _, var in work.keeps] + list(per_element_end)
             if work.reusing:
@@ -645,24 +660,24 @@ extern "C" __global__ void __launch_bounds__({self._bounds()}) {name}({", ".join
                 work = replace(work, reads=work.rescaled.reads, body=takes + work.rescaled.body)
         if self.L > 1 and not self.plan.along_rows:  # each of the thread's rows: its lane of each vector across them
             reads = [f"const {self._buffer_type(k)} l{k} = {self._global_read(k)};"
-                     for k in work.reads if k not in self.plan.stored]
+                     for k in work.reads if k not in held]
             return self._loop(reads + [line for w in range(self.L) for line in self._in_lane(
                 self._element_values(work.reads, lambda k: self._lane_of(k, w)) + list(work.body)
                 + list(per_element_end), w)])
         # along rows: each vector an access reads for all of the thread's rows (one row, or
         # Launch.lanes rows where its step between them is 0) loaded once, the others once a row
         # (l<k>_w<w>), then each row's elements, work and partials, its names renamed (_in_lane)
-        once = [k for k in work.reads if k not in self.plan.stored
+        once = [k for k in work.reads if k not in held
                 and (self.L == 1 or self.plan.accesses[k].outer[-1] == 0)]
         reads = [f"const {self._buffer_type(k)} l{k} = {self._global_read(k)};" for k in once]
         for w in range(self.L):
             for k in work.reads:
-                if k not in once and k not in self.plan.stored:
+                if k not in once and k not in held:
                     step = w * self.plan.accesses[k].outer[-1]
                     read = self._global_read(k).replace(f"a{k}_base", f"(a{k}_base + {step})")
                     reads.append(f"const {self._buffer_type(k)} l{k}_w{w} = {read};")
         def holder(k: int, w: int) -> str:
-            return self._buffer(k) if k in self.plan.stored else f"l{k}" if k in once else f"l{k}_w{w}"
+            return self._buffer(k) if k in held else f"l{k}" if k in once else f"l{k}_w{w}"
         inner = [line for w in range(self.L) for line in self._in_lane(
             self._element_values(work.reads, lambda k: holder(k, w)) + list(work.body) + list(per_element_end), w)]
         body = (reads + self._lanes(list(before))
@@ -684,18 +699,32 @@ extern "C" __global__ void __launch_bounds__({self._bounds()}) {name}({", ".join
         lines = self._lanes([f"{self._accumulator(p)} {p.acc} = {IDENTITY[p.combine]};" for p in work.partials])
         online = [p for p in work.partials if p.combine == "online"]
         if online and self._max_first(work):
-            # terms kept for a later sweep: the thread's max over its part (on chip) first, then
-            # each term against it once, with no rescale a vector
-            scales = [p for p in work.partials if p.acc in {q.scale for q in online}]
-            lines += self._sweep(work, *self._accumulations(scales))
-            lines += self._lanes([f"const float {p.acc}_top = fmaxf({p.scale}, -{FLOAT_MAX});" for p in online])
-            lines += self._sweep(work, *self._accumulations([p for p in work.partials if p not in scales], True))
+            lines += self._terms_against_a_first_value(work, online)
         else:
             lines += self._sweep(work, *self._accumulations(work.partials))
         lines += self._combine(work)
         kept = [p for p in self._kept_terms if p in work.partials]
         return lines + self._lanes(list(work.after) + [
             f"const float {p.acc}_rescale = {p.kept[1].format(f'{p.acc}_top - {p.kept[2]}')};" for p in kept])
+
+    def _terms_against_a_first_value(self, work: Pass, online: list[Partial]) -> list[str]:
+        """Terms kept for a later sweep, each summed against one value of the thread's as its
+        vector lands (the floor of its first element, so that element's and most others' exponent
+        differs from the row max's by a difference without rounding): while later vectors still
+        load, with no rescale a vector, no sweep for the thread's max first. Where the thread's max
+        is over FIRST_VALUE_RANGE above that value (a term might overflow) or is NaN, its terms
+        again against its max, from global memory (the on-chip copy died as its terms were made).
+        Then each sum against the thread's max, as the row's combine takes it."""
+        lines = [f"float {p.acc}_top = -{FLOAT_MAX};" for p in online]
+        per_element, before, after = self._accumulations(work.partials, True)
+        first = [f"if (e == 0 && v == 0) {p.acc}_top = floorf(fmaxf({p.source}, -{FLOAT_MAX}));" for p in online]
+        lines += self._sweep(work, first + per_element, before, after)
+        for p in online:
+            lines += ([f"if (!({p.scale} - {p.acc}_top <= {FIRST_VALUE_RANGE})) {{",
+                       f"  {p.acc}_top = fmaxf({p.scale}, -{FLOAT_MAX});", f"  {p.acc} = {IDENTITY[p.combine]};"]
+                      + _indent_lines(self._sweep(work, *self._accumulations([p], True), held=()))
+                      + ["}", f"{p.acc} *= {p.kept[1].format(f'{p.acc}_top - fmaxf({p.scale}, -{FLOAT_MAX})')};"])
+        return lines
 
     def _max_first(self, work: Pass) -> bool:
         """Whether a pass's online sums take the thread's max first: where their terms are kept
