@@ -26,9 +26,7 @@ SPLIT_THREADS, SPLIT_BLOCKS = 256, 4 * TYPICAL_SM_COUNT
 # 19.7 us at 24 (256 x 32), 21.1 us from 24 KB of shared memory a block (256 x 32, the shape
 # offered until then); Inductor 52.9 us, a copy 10.9 us. In fp32, 25.1 us at 96 words (128 x 32,
 # online) and 25.4 us (256 x 32, each exp kept too), 27.0 us from 96 KB of shared memory (256 x 16).
-SPLIT_REGISTER_WORDS = 96
-# ... and in what the register file leaves each thread of the resident grid, less what the
-# kernel needs besides its slice (indices, partials, the epilogue's values).
+SPLIT_REGISTER_WORDS = 96  # ... and within codegen.register_budget for the resident grid
 MAX_BLOCK = 1024
 # The most elements of its row a thread of a persistent cluster holds (_persistent_clusters):
 # bf16 ones widen to fp32 as they are reduced, and at 192 a thread the kernel spilled.

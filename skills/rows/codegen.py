@@ -56,6 +56,8 @@ ACCUMULATOR = {"sum": "double", "online": "double", "max": "float", "min": "floa
 # persistent softmax over 1024 x 393216 from 530 to 609 us in bf16, 983 to 1059 in fp32.
 ONLINE_FP32_TERMS = 128
 TYPICAL_SM_COUNT = 132  # H100/H200: how many blocks of a split row's cooperative grid each SM must hold
+# A thread holds its part of a row in what the register file leaves each thread of the blocks
+# an SM holds, less what the kernel needs besides (indices, partials, the epilogue's values).
 REGISTER_FILE, MAX_THREAD_REGISTERS, OTHER_REGISTERS = 64 * 1024, 255, 32
 WORKSPACE_SLOT_BYTES = 8  # a split row's partial of one block in the workspace (the widest accumulator)
 COMBINE = {"sum": "({a} + {b})", "online": "({a} + {b})", "max": "pw_maximum({a}, {b})",
@@ -698,9 +700,9 @@ extern "C" __global__ void __launch_bounds__({self._bounds()}) {name}({", ".join
     def _pass(self, work: Pass) -> list[str]:
         lines = self._lanes([f"{self._accumulator(p)} {p.acc} = {IDENTITY[p.combine]};" for p in work.partials])
         online = [p for p in work.partials if p.combine == "online"]
-        if online and self._max_first(work) and self.S > 1:
+        if online and self._keeps_terms(work) and self.S > 1 and self.plan.along_rows:
             lines += self._terms_against_a_first_value(work, online)
-        elif online and self._max_first(work):
+        elif online and self._keeps_terms(work):
             # terms kept for a later sweep: the thread's max over its part (on chip) first, then
             # each term against it once, with no rescale a vector
             scales = [p for p in work.partials if p.acc in {q.scale for q in online}]
@@ -722,7 +724,7 @@ extern "C" __global__ void __launch_bounds__({self._bounds()}) {name}({", ".join
         is over FIRST_VALUE_RANGE above that value (a term might overflow) or is NaN, its terms
         again against its max, from global memory (the on-chip copy died as its terms were made).
         Then each sum against the thread's max, as the row's combine takes it. Over a cooperative
-        grid only: on an H100 (rows_ab-h100-...-thirtyeighth) it ran the split softmax over 16 x
+        grid along rows only: on an H100 (rows_ab-h100-...-thirtyeighth) it ran the split softmax over 16 x
         393216 2-3% faster than the max taken first in fp32, but a 4096-row fp32 softmax's block
         a row 1.3% slower."""
         lines = [f"float {p.acc}_top = -{FLOAT_MAX};" for p in online]
@@ -736,9 +738,9 @@ extern "C" __global__ void __launch_bounds__({self._bounds()}) {name}({", ".join
                       + ["}", f"{p.acc} *= {p.kept[1].format(f'{p.acc}_top - fmaxf({p.scale}, -{FLOAT_MAX})')};"])
         return lines
 
-    def _max_first(self, work: Pass) -> bool:
-        """Whether a pass's online sums take the thread's max first: where their terms are kept
-        (Partial.kept), which needs it. Elsewhere the online sweep, whose exps run while later
+    def _keeps_terms(self, work: Pass) -> bool:
+        """Whether a pass's online sums keep their terms (Partial.kept), against the thread's max
+        taken first or its first value. Elsewhere the online sweep, whose exps run while later
         vectors still load: on an H100 (2026-12-06, benchmarks/rows_ab.py), taking the max first
         without keeping the terms ran the split softmax over 16 x 393216 2% slower in fp32, and
         from 2% slower to 1% faster in bf16."""
