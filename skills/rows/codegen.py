@@ -718,8 +718,9 @@ extern "C" __global__ void __launch_bounds__({self._bounds()}) {name}({", ".join
 
     def _terms_against_a_first_value(self, work: Pass, online: list[Partial]) -> list[str]:
         """Terms kept for a later sweep, each summed against one value of the thread's as its
-        vector lands (the floor of its first element, so that element's and most others' exponent
-        differs from the row max's by a difference without rounding): while later vectors still
+        vector lands (the floor of its first element: never above the thread's max, so its largest
+        term is at least 1, and an integer, so x minus it is exact unless the difference outgrows
+        x's binade, then within half an ulp of a difference under 64): while later vectors still
         load, with no rescale a vector, no sweep for the thread's max first. Where the thread's max
         is over FIRST_VALUE_RANGE above that value (a term might overflow) or is NaN, its terms
         again against its max, from global memory (the on-chip copy died as its terms were made).
