@@ -50,6 +50,10 @@ inline float pw_exp_fast_nonpositive(float x) {
   const float y = exp2f(fmaf(x, 1.44269504088896341f, 64.0f));
   return (y < 1.17549435e-38f ? 0.0f : y) * 5.42101086242752217e-20f;
 }
+inline float pw_exp_fast_bounded(float x) {
+  const float y = exp2f(fmaf(x, 1.44269504088896341f, 32.0f));
+  return (y < 1.17549435e-38f ? 0.0f : y) * 2.32830643653869629e-10f;
+}
 inline float pw_sigmoid_fast(float x) { return pw_div_fast(1.0f, 1.0f + pw_exp_fast_ftz(-x)); }
 inline float pw_silu_fast(float x) { return pw_div_fast(x, 1.0f + pw_exp_fast_ftz(-x)); }
 inline float pw_one_plus_tanh_fast(float z) { return 2.0f / (1.0f + pw_exp_fast_ftz(-2.0f * z)); }

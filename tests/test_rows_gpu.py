@@ -133,6 +133,19 @@ def test_shapes(env, name, dtype, shapes):
     _assert_all_pass(env, task)
 
 
+@pytest.mark.parametrize("dtype", [bf16, f32])
+def test_long_softmaxes_over_wide_ranges(dtype):
+    """Rows whose values span more than a thread's first value's range (a split bf16 softmax's
+    kept terms are taken against it: rows codegen FIRST_VALUE_RANGE), beside random ones: every
+    candidate over 16 x 393216 matches eager. Random inputs alone span too little to show it."""
+    task = resized(gpu_task("softmax", dtype), (16, 393216))
+    (x,) = random_inputs(task.inputs, 0, scale=2.0, device="cuda")
+    x[0] = torch.linspace(-100, 100, 393216, device="cuda").to(dtype)  # a ramp: 64 and more within a thread
+    x[1, ::8] = -200.0  # each vector's first element far below the rest
+    x[2] = x[2] * 20  # wide random values
+    _assert_candidates_match_eager(task, [x])
+
+
 @pytest.mark.parametrize("dtype, shape", [(f16, (3, 16, 7, 9)), (bf16, (5, 16, 1, 1)), (f32, (2, 16, 64, 64)),
                                           (bf16, (4, 16, 128, 128)), (bf16, (128, 16, 64, 128)),
                                           (f32, (40, 16, 64, 64))], ids=str)

@@ -105,3 +105,15 @@ def test_rows_ab_line_gives_each_base_against_the_new_version_and_leaves_out_fai
     line = _compared("t1", ["main", "shuffles", "new"], times)
     assert line == "t1: main 20.0 (1.250x) shuffles 18.0 (1.125x) new 16.0"
     assert _compared("t2", ["main", "shuffles", "new"], times) == "t2: main 10.0"
+
+
+def test_the_first_value_error_probe_gives_each_element_its_threads_values():
+    """benchmarks/rows_first_value_error.py: on 2 blocks of 4 threads, vectors of 2, block 0's
+    thread 1 holds vectors 1, 5 and 9 (elements 2-3, 10-11, 18-19); each form's error is measured."""
+    from benchmarks.rows_first_value_error import errors, references
+    x = torch.arange(48, dtype=torch.float32)
+    refs = references(x, threads=4, blocks=2, width=2)
+    assert (refs["first value"][10], refs["thread max"][10], refs["row max"][10]) == (2, 19, 47)
+    assert (refs["first value"][26], refs["thread max"][26]) == (26, 43)
+    found = errors(torch.randn(4096), threads=32, blocks=4, width=4)
+    assert set(found) == {"first value", "thread max", "row max"} and all(0 <= a < 1e-4 for a, _ in found.values())

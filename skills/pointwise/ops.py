@@ -372,6 +372,15 @@ __device__ __forceinline__ float pw_exp_fast_nonpositive(float x) {
   asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(fmaf(x, 1.44269504088896341f, 64.0f)));
   return y * 5.42101086242752217e-20f;  // 2^-64
 }
+// exp(x) for x <= 66, as pw_exp_fast_nonpositive (every result rounded to fp16/bf16) but of
+// x log2(e) + 32, scaled by 2^-32: a rows kernel's kept term against a thread's first value,
+// up to e^64 (rows codegen FIRST_VALUE_RANGE). Results down to 2^-158 (bf16's least subnormal is
+// 2^-133) come out of the multiply; the exponent stays within 2^-18 as there.
+__device__ __forceinline__ float pw_exp_fast_bounded(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(fmaf(x, 1.44269504088896341f, 32.0f)));
+  return y * 2.32830643653869629e-10f;  // 2^-32
+}
 __device__ __forceinline__ float pw_sigmoid_fast(float x) { return pw_div_fast(1.0f, 1.0f + pw_exp_fast_ftz(-x)); }
 __device__ __forceinline__ float pw_silu_fast(float x) { return pw_div_fast(x, 1.0f + pw_exp_fast_ftz(-x)); }
 // 1 + tanh(z) = 2 sigmoid(2 z): two special-function instructions where tanhf takes a dozen, and

@@ -65,6 +65,8 @@ COMBINE = {"sum": "({a} + {b})", "online": "({a} + {b})", "max": "pw_maximum({a}
 WARP = 32
 FLOAT_MAX = "3.40282347e+38f"
 FIRST_VALUE_RANGE = "64.0f"  # how far a thread's max may rise over its first value: 64 * e^64 terms fit fp32
+# ... and the form of such a term, whose argument may be up to that (every output fp16/bf16)
+FIRST_VALUE_EXP = "pw_exp_fast_bounded({})"
 # An online sum (plan.Partial): a sum of exp(y - m) relative to max m, rescaled to max `to` (0 where
 # m is -inf); and the row's sum once its max m is known, as the graph computes it where m is not
 # finite: y - m is NaN for some y (m = +-inf), or, behind logsumexp's guard, every term is 0 or inf.
@@ -700,7 +702,7 @@ extern "C" __global__ void __launch_bounds__({self._bounds()}) {name}({", ".join
     def _pass(self, work: Pass) -> list[str]:
         lines = self._lanes([f"{self._accumulator(p)} {p.acc} = {IDENTITY[p.combine]};" for p in work.partials])
         online = [p for p in work.partials if p.combine == "online"]
-        if online and self._keeps_terms(work) and self.S > 1 and self.plan.along_rows:
+        if online and self._keeps_terms(work) and self._terms_as_they_land:
             lines += self._terms_against_a_first_value(work, online)
         elif online and self._keeps_terms(work):
             # terms kept for a later sweep: the thread's max over its part (on chip) first, then
@@ -724,12 +726,10 @@ extern "C" __global__ void __launch_bounds__({self._bounds()}) {name}({", ".join
         load, with no rescale a vector, no sweep for the thread's max first. Where the thread's max
         is over FIRST_VALUE_RANGE above that value (a term might overflow) or is NaN, its terms
         again against its max, from global memory (the on-chip copy died as its terms were made).
-        Then each sum against the thread's max, as the row's combine takes it. Over a cooperative
-        grid along rows only: on an H100 (rows_ab-h100-...-thirtyeighth) it ran the split softmax over 16 x
-        393216 2-3% faster than the max taken first in fp32, but a 4096-row fp32 softmax's block
-        a row 1.3% slower."""
+        Then each sum against the thread's max, as the row's combine takes it (see
+        _terms_as_they_land for where)."""
         lines = [f"float {p.acc}_top = -{FLOAT_MAX};" for p in online]
-        per_element, before, after = self._accumulations(work.partials, True)
+        per_element, before, after = self._accumulations(work.partials, True, FIRST_VALUE_EXP)
         first = [f"if (e == 0 && v == 0) {p.acc}_top = floorf(fmaxf({p.source}, -{FLOAT_MAX}));" for p in online]
         lines += self._sweep(work, first + per_element, before, after)
         for p in online:
@@ -738,6 +738,18 @@ extern "C" __global__ void __launch_bounds__({self._bounds()}) {name}({", ".join
                       + _indent_lines(self._sweep(work, *self._accumulations([p], True), held=()))
                       + ["}", f"{p.acc} *= {p.kept[1].format(f'{p.acc}_top - fmaxf({p.scale}, -{FLOAT_MAX})')};"])
         return lines
+
+    @property
+    def _terms_as_they_land(self) -> bool:
+        """Whether kept terms are taken against a thread's first value as its vectors land: over a
+        cooperative grid along rows, where every output is fp16/bf16. On an H100
+        (rows_ab-h100-...-thirtyeighth-first-value.txt) that ran the split softmax over 16 x 393216
+        5% faster in bf16 and 2.4% in fp32, but a 4096-row fp32 softmax's block a row 1.3% slower;
+        and in fp32 the differences from the first value round where those from the max do not:
+        emulated on that softmax's layout, 1e-6 relative error on its largest outputs against 1e-7
+        (benchmarks/rows_first_value_error.py), which an fp16/bf16 output's rounding hides."""
+        return (self.S > 1 and self.plan.along_rows
+                and all(o.spec.torch_dtype.itemsize == 2 for o in self.plan.outputs))
 
     def _keeps_terms(self, work: Pass) -> bool:
         """Whether a pass's online sums keep their terms (Partial.kept), against the thread's max
@@ -755,10 +767,11 @@ extern "C" __global__ void __launch_bounds__({self._bounds()}) {name}({", ".join
         return (set(work.reads) <= set(self.plan.stored) and not work.keeps and work.reusing is None
                 and all(p.scale in maxes for p in work.partials if p.combine == "online"))
 
-    def _accumulations(self, partials, max_taken: bool = False) -> tuple[list[str], list[str], list[str]]:
+    def _accumulations(self, partials, max_taken: bool = False,
+                       term_form: str | None = None) -> tuple[list[str], list[str], list[str]]:
         """The lines accumulating `partials` over a sweep: per element, before each vector and
         after it. An online sum whose max a sweep before took (`max_taken`) sums its terms against
-        that max (`<acc>_top`), staged as a sum is."""
+        that max (`<acc>_top`), staged as a sum is, each in its exp's form or `term_form`."""
         # Double sums take each vector's elements summed in fp32 (at most 8), one conversion a
         # vector: conversions to double run at 1/8 of the fp32 rate, and a row's exp and
         # conversions per element outlasted its memory time (cross-entropy over 32000 classes).
@@ -768,9 +781,9 @@ extern "C" __global__ void __launch_bounds__({self._bounds()}) {name}({", ".join
         if max_taken:  # a kept term (Partial.kept) in its exp's own form, stored as it is summed
             kept = [p for p in online if p in self._kept_terms]
             per_element = [line for p in kept for line in (
-                f"const float {p.kept[0]} = {p.kept[1].format(f'{p.source} - {p.acc}_top')};",
+                f"const float {p.kept[0]} = {(term_form or p.kept[1]).format(f'{p.source} - {p.acc}_top')};",
                 f"{KEPT}{p.kept[0]}[e][v] = {p.kept[0]};", f"{p.acc}_v += {p.kept[0]};")]
-            per_element += [f"{p.acc}_v += {p.term.format(f'{p.source} - {p.acc}_top')};"
+            per_element += [f"{p.acc}_v += {(term_form or p.term).format(f'{p.source} - {p.acc}_top')};"
                             for p in online if p not in kept]
             before = [f"float {p.acc}_v = 0.0f;" for p in online]
             after = [f"{p.acc} += ({self._accumulator(p)}){p.acc}_v;" for p in online]
