@@ -746,7 +746,7 @@ extern "C" __global__ void __launch_bounds__({self._bounds()}) {name}({", ".join
         (rows_ab-h100-...-thirtyeighth-first-value.txt) that ran the split softmax over 16 x 393216
         5% faster in bf16 and 2.4% in fp32, but a 4096-row fp32 softmax's block a row 1.3% slower;
         and in fp32 the differences from the first value round where those from the max do not:
-        emulated on that softmax's layout, 1e-6 relative error on its largest outputs against 1e-7
+        emulated on that softmax's layout, 1e-6 relative error on its largest outputs against 1.5e-7
         (benchmarks/rows_first_value_error.py), which an fp16/bf16 output's rounding hides."""
         return (self.S > 1 and self.plan.along_rows
                 and all(o.spec.torch_dtype.itemsize == 2 for o in self.plan.outputs))
