@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from agent_backend.env.verify import VERIFICATION_PLAN
 from agent_backend.specs import TensorSpec
 from test_env_cases import (GOOD_ADD_RELU, add_relu_task, contiguous, make_candidate, make_task, module_environment,
                             sum_diff_task)
@@ -252,6 +253,31 @@ def test_a_candidate_closer_to_float64_than_a_straying_reference_passes(env):
 def test_a_wrong_candidate_is_not_saved_by_a_straying_reference(env):
     ev = evaluate(env, make_candidate("return a * 1.5", args="a"), STRAYING)
     assert (ev.status, "elements differ" in ev.reason) == ("incorrect", True), ev.reason
+
+
+SOFTMAX = make_task("softmax_rows", "return aten._softmax.default(in0, -1, False)",
+                    [contiguous((32, 64), "float32", "cpu")], [contiguous((32, 64), "float32", "cpu")],
+                    "softmax", ("aten._softmax.default",))
+LOGSUMEXP = make_task("logsumexp_rows", "return aten.logsumexp.default(in0, [-1])",
+                      [contiguous((32, 64), "float32", "cpu")], [contiguous((32,), "float32", "cpu")],
+                      "reduction", ("aten.logsumexp.default",))
+
+
+@pytest.mark.parametrize("task, body, status", [
+    (SOFTMAX, "e = (a - a.amax(-1, keepdim=True)).exp()\nreturn e / e.sum(-1, keepdim=True)", "passed"),
+    (SOFTMAX, "e = a.exp()\nreturn e / e.sum(-1, keepdim=True)", "incorrect"),
+    (LOGSUMEXP, "m = a.amax(-1, keepdim=True)\nreturn ((a - m).exp().sum(-1, keepdim=True).log() + m).squeeze(-1)",
+     "passed"),
+    (LOGSUMEXP, "return a.exp().sum(-1).log()", "incorrect"),
+], ids=["softmax", "softmax_without_its_max", "logsumexp", "logsumexp_without_its_max"])
+def test_an_exp_not_taken_against_its_rows_max_is_refused_on_the_wide_input_set(env, task, body, status):
+    """Exact on values within +-15 (every other input set), such a kernel overflows on logits
+    over 88.7: only the wide set, the last, draws them."""
+    ev = evaluate(env, make_candidate(body, args="a"), task)
+    assert ev.status == status, ev.reason
+    if status == "incorrect":
+        assert f"[input set {len(VERIFICATION_PLAN)}: inputs drawn from a normal distribution with mean 60" in ev.reason
+        assert "got nan" in ev.reason or "got inf" in ev.reason, ev.reason
 
 
 # in0 where in1 != 0, else 0: a mask that normal draws never hit (in1 == 0 has probability 0)

@@ -11,6 +11,7 @@ from dataclasses import replace
 import pytest
 import torch
 
+from agent_backend.env.verify import WIDE_DRAW, InputDraw
 from agent_backend.specs import Task, random_inputs
 from agent_backend.task import load_program
 from cuda_emulation import compiler, run
@@ -26,9 +27,10 @@ pytestmark = [pytest.mark.skipif(compiler() is None, reason="needs a C++ compile
 f32, f16, bf16 = torch.float32, torch.float16, torch.bfloat16
 
 
-def _check(task: Task, launch: Launch, workdir, seed: int = 0, plan=None) -> None:
+def _check(task: Task, launch: Launch, workdir, seed: int = 0, plan=None,
+           draw: InputDraw = InputDraw(2.0, 0.0)) -> None:
     plan = plan or build_plan(task)
-    inputs = random_inputs(task.inputs, seed, scale=2.0, device="cpu")
+    inputs = random_inputs(task.inputs, seed, scale=draw.scale, offset=draw.offset, device="cpu")
     got = run(kernel_source(plan, "k", launch), "k", launch_arguments(plan, launch), inputs, list(task.outputs),
               workdir)
     assert_computes_the_task(task, inputs, tuple(got), str(launch))
@@ -247,6 +249,24 @@ def test_kept_terms_far_above_a_threads_first_value_are_taken_again_against_its_
     inputs[0][1] = torch.linspace(-100, 100, 2000)
     got = run(source, "k", launch_arguments(plan, launch), inputs, list(task.outputs), tmp_path)
     assert_computes_the_task(task, inputs, tuple(got), str(launch))
+
+
+# Exps and variances over long rows, each path once: terms kept against a thread's first value
+# (bf16 over a grid) or its max (fp32), online sums through a workspace, a cluster and a
+# persistent loop, a mean subtracted before its squares.
+WIDE = {**{label: ONLINE[label] for label in ("split_softmax", "split_softmax_f32", "persistent_softmax",
+                                              "shared_cluster_softmax", "split_logsumexp", "split_cross_entropy")},
+        **{label: LONG[label] for label in ("persistent_cluster_unequal", "layernorm_cluster", "prefetch_log_softmax",
+                                            "split_var_dim1")}}
+
+
+@pytest.mark.parametrize("label", WIDE)
+def test_launches_compute_the_task_on_the_verifiers_wide_draw(label, tmp_path):
+    """The verifier's last input set (values to about 150, a thread's spanning far over
+    FIRST_VALUE_RANGE, a mean of 60 under a variance) rejects no kernel of the template's."""
+    make, launch = WIDE[label]
+    task = make()
+    _check(task, launch, tmp_path, plan=build_plan(task, online=label in ONLINE), draw=WIDE_DRAW)
 
 
 def _special_rows(x: torch.Tensor) -> torch.Tensor:

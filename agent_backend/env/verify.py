@@ -62,6 +62,12 @@ class InputDraw:
         return f"inputs drawn from a normal distribution with mean {self.offset:g} and std {self.scale:g}"
 
 
+# Values from about -30 to 150, as logits and unscaled scores reach: an exp not taken against
+# its row's max overflows (above 88.7, in every dtype but fp64), a fast form's range guard is
+# crossed (a thread's values span far over 64) and a variance's mean lies far from 0. The other
+# draws stay within +-15 and passed a softmax computed as exp(x) / sum(exp(x)).
+WIDE_DRAW = InputDraw(30.0, 60.0)
+
 # (value range, whether the values are written into the previous trial's input tensors)
 VERIFICATION_PLAN = (
     (InputDraw(1.0, 0.0), False),
@@ -71,6 +77,7 @@ VERIFICATION_PLAN = (
     (InputDraw(1.0, 0.0, binary=True), False),  # a mask's `== 0` or a variance's zero is met at least once
     (InputDraw(1.0, 0.5), True),
     (InputDraw(3.0, 0.0), False),
+    (WIDE_DRAW, False),
 )
 
 
