@@ -21,6 +21,7 @@ from . import background, gate, in_context, inline, runtime
 from .env.floors import FILE_NAME as FLOORS_FILE
 from .env.launch_spec import read_from_entry, store_in_entry, strip_from_entry
 from .env.results import needs_context
+from .env.verify import verified_under_these_rules
 from .graph_pass import Decision, rewrite, unchecked
 from .options import Settings
 from .policies import PolicyError, source_revision
@@ -136,7 +137,7 @@ class Dispatcher:
             entry = lookup.entry
             if entry.outcome != "kernel":
                 return Decision(task, None, f"cached: {entry.reason}", **_recorded(entry))
-            if lookup.trusted:
+            if lookup.trusted and verified_under_these_rules(entry.verification):
                 self.cache.touch(key)
                 return self._dispatch(task, key.digest, entry)
             entry = self._reverify(task, key, entry, lookup.layer)
@@ -280,7 +281,8 @@ class Dispatcher:
         return entry
 
     def _reverify(self, task: Task, key, entry, layer: str):
-        """An untrusted team entry runs here only after it passes verification on this GPU; its
+        """An untrusted team entry, or one verified under other rules than these (an older
+        version's: verify.rules), runs here only after it passes verification on this GPU; its
         launch spec, not built here, is dropped (the source gives it again)."""
         from .specs import Candidate
         if task.inputs[0].device != "cuda" or not torch.cuda.is_available():

@@ -77,6 +77,41 @@ def test_supplied_cuda_winner_is_dispatched(cache_dir):
     assert "cuda_agent.run_winner" in text and "extern_kernels" in text
 
 
+# A softmax whose exp is not taken against its row's max: right on values within +-15, NaN past 88.7.
+NAIVE_SOFTMAX = """
+import torch
+import torch.nn as nn
+
+
+class ModelNew(nn.Module):
+    def forward(self, x):
+        e = x.exp()
+        return e / e.sum(-1, keepdim=True)
+"""
+
+
+class Softmax(nn.Module):
+    def forward(self, x):
+        return torch.softmax(x, -1)
+
+
+def test_a_cached_kernel_passed_by_older_rules_is_verified_again_and_refused(cache_dir, caplog):
+    """A local winner recorded under rules without the wide input set (as an older version's
+    verifier would have passed this softmax) runs only once these rules pass it: it fails on the
+    wide set, and Inductor computes the softmax."""
+    x = torch.randn(64, 1000, device="cuda")
+    (task,) = [t for t in collect_tasks(Softmax(), [x], backward=False) if "aten.amax.default" in t.ops]
+    key = put_cached_entry(task, source=NAIVE_SOFTMAX, device="cuda", rules="0-older")
+    runtime._registry.pop(key, None)
+    torch._dynamo.reset()
+    with torch.no_grad(), caplog.at_level("INFO", logger="cuda_agent"):
+        out = torch.compile(Softmax(), backend="cuda_agent", options={"mode": "cached"})(x * 40)
+    torch.testing.assert_close(out, torch.softmax(x * 40, -1))
+    assert runtime.registered(key) is None
+    assert any("rejected here" in r.message and "mean 60" in r.message for r in caplog.records), \
+        [r.message for r in caplog.records]
+
+
 class Chains(nn.Module):
     """Pointwise chains big enough to be worth a kernel."""
 

@@ -152,6 +152,26 @@ def test_team_entry_runs_only_when_signed_with_a_trusted_key(cache_dir, tmp_path
     assert_close_lists(out, eager, 1e-5, 1e-5, "output")
 
 
+def test_a_local_entry_verified_under_other_rules_runs_only_once_verified_again(cache_dir):
+    """A winner an older version's verifier passed (its rules let more through: no wide input set)
+    is verified again before it runs, as an untrusted team entry is: a CPU task cannot be, so it
+    stays with Inductor; recorded under these rules, it runs."""
+    torch.manual_seed(0)
+    model, x = Net(), torch.randn(4, 16)
+    task = _swish_task(model, x)
+    key = put_cached_entry(task, source=SWISH_BIAS, rules="0-older")
+    runtime._registry.pop(key, None)
+    seen = len(backend.reports)
+    run_fwd_bwd(model, [x], "cuda_agent", options={"mode": "cached"})
+    assert runtime.registered(key) is None, "a winner verified under older rules ran without verification"
+    reasons = [d.reason for r in backend.reports[seen:] for d in r.decisions]
+    assert any("local entry failed verification here" in r for r in reasons), reasons
+    assert put_cached_entry(task, source=SWISH_BIAS) == key
+    torch._dynamo.reset()
+    run_fwd_bwd(model, [x], "cuda_agent", options={"mode": "cached"})
+    assert runtime.registered(key) is not None and runtime.registered(key).calls >= 1
+
+
 def _entry(outcome, provenance, timings=None):
     from kernel_cache import Entry
     return Entry(outcome=outcome, reason="test", source="class ModelNew: pass" if outcome == "kernel" else None,

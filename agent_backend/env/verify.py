@@ -30,6 +30,7 @@ adapts to forward's own duration; `stream_checked_trials` counts the trials wher
 """
 from __future__ import annotations
 
+import hashlib
 import os
 from contextlib import nullcontext
 from dataclasses import dataclass
@@ -79,6 +80,23 @@ VERIFICATION_PLAN = (
     (InputDraw(3.0, 0.0), False),
     (WIDE_DRAW, False),
 )
+
+
+# Bump when a rule changes so that a candidate that passed before might fail now (a tolerance, a
+# check added); the input sets count on their own. A cached kernel whose verification recorded
+# other rules is verified again before it runs (dispatch.Dispatcher.decide), signed or local.
+RULES_REVISION = 1
+
+
+def rules() -> str:
+    """The verification rules' identity, recorded with each verification: a kernel passed by
+    rules that let more through (a plan without the wide input set) is not trusted by these."""
+    sets = hashlib.sha256(repr(VERIFICATION_PLAN).encode()).hexdigest()[:12]
+    return f"{RULES_REVISION}-{sets}"
+
+
+def verified_under_these_rules(verification: dict) -> bool:
+    return verification.get("rules") == rules()
 
 
 def new_seed() -> int:
@@ -298,6 +316,7 @@ class Verifier:
 
     def details(self) -> dict:
         details = {
+            "rules": rules(),
             "trials": self.trials,
             "seed": self.seed,
             "max_abs_err": self.max_abs_err,
