@@ -293,7 +293,7 @@ class Dispatcher:
             log.info("cuda_agent: %s entry %s rejected here: %s", layer, key.digest[:12], ev.reason or "not faster")
             return None
         entry.timings = dict(ev.profile)
-        entry.verification = ev.verification
+        entry.verification = ev.verification_record()
         strip_from_entry(entry)
         return entry
 

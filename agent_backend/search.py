@@ -169,4 +169,4 @@ def search_task(task: Task, env, policy, *, budget_s: float, max_candidates: int
     outcome, reason = outcome_of(ev.profile, cand.origin)
     return Entry(outcome=outcome, reason=reason, source=cand.source if outcome == "kernel" else None,
                  origin=cand.origin, binaries={}, launch=dict(cand.params), timings=timings,
-                 verification=ev.verification, provenance=provenance, task=task.to_json())
+                 verification=ev.verification_record(), provenance=provenance, task=task.to_json())

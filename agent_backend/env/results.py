@@ -55,6 +55,12 @@ class Evaluation:
     def wins(self) -> bool:
         return self.passed and bool(self.profile and self.profile.get("wins"))
 
+    def verification_record(self) -> dict:
+        """What a cache entry keeps of the verification: the verifier's details and the verdict,
+        which kernel_cache.Entry.verified reads (without it a searched winner counted as
+        unverified: `cache verify` failed it, a bundle merge ranked it below Inductor's entry)."""
+        return {**self.verification, "passed": self.passed}
+
     def to_json(self) -> dict:
         return asdict(self)
 
