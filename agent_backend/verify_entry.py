@@ -7,7 +7,8 @@ from .specs import Candidate, Task
 
 
 def verify_entry(entry) -> tuple[bool, str]:
-    """(passed, reason): the entry's candidate against its own task, in a worker on this GPU."""
+    """(passed, reason): the entry's candidate against its own task, in a worker on this GPU. A
+    pass is recorded in entry.verification (under these rules: the next compile trusts it)."""
     if entry.outcome != "kernel":
         return True, f"nothing to run (outcome {entry.outcome})"
     if not entry.task or not entry.source:
@@ -19,4 +20,6 @@ def verify_entry(entry) -> tuple[bool, str]:
     # Verify at the precision the entry was keyed under, not this shell's settings.
     env = shared_environment(None, (entry.key or {}).get("precision") or {})
     ev = env.evaluate(task, Candidate(entry.source, entry.origin), profile=False)
-    return ev.status == "passed", ev.reason or ev.status
+    if ev.passed:
+        entry.verification = ev.verification_record()
+    return ev.passed, ev.reason or ev.status

@@ -23,6 +23,8 @@ from .layers import KernelCache, Layer, Row
 from .prune import prune
 from .trust import Signature, check_signature
 
+# verifier(entry) -> (passed, why); it may record what it ran in entry.verification (the rules it
+# verified under: a compile verifies again an entry recorded under other rules), which a pass keeps.
 Verifier = Callable[[Entry], "tuple[bool, str]"]
 
 
@@ -200,6 +202,8 @@ def _verify(cache: KernelCache, args, verifier: Verifier | None) -> int:
             if passed and verifier is not None and not layer.is_local:
                 # Verified on this machine now: it becomes a local, trusted entry.
                 result["promoted"] = cache.put(CacheKey.from_json(row.entry.key), row.entry)
+            elif passed and verifier is not None and row.entry.outcome == "kernel":
+                result["recorded"] = cache.put(CacheKey.from_json(row.entry.key), row.entry)  # what it ran
             if not passed:
                 failed.append(row.digest)
             results.append(result)

@@ -103,15 +103,20 @@ def test_verify_runs_the_verifier_and_promotes_imported_entries(filled, tmp_path
     def verifier(entry):
         if entry.key["task_hash"] == "task-1":
             return False, "max error 0.5 on input set 3"
+        entry.verification = {"passed": True, "rules": "these"}
         return True, "5 input sets within 1e-4"
 
     status, report = cli_json(capsys, "verify", verifier=verifier)
     results = {r["key"]: r for r in report["results"]}
     assert status == 1 and report["gpu_verification"] == "run"
     assert results[filled[1].digest]["why"] == "max error 0.5 on input set 3"
-    assert results[team_key.digest]["promoted"]
+    assert results[team_key.digest]["promoted"] and results[filled[0].digest]["recorded"]
     with KernelCache.open() as cache:
         assert cache.get(team_key).layer == "local"
+        # what the verifier ran is kept, for a passing local kernel as for a promoted one
+        assert cache.get(team_key).entry.verification["rules"] == "these"
+        assert cache.get(filled[0]).entry.verification["rules"] == "these"
+        assert "rules" not in cache.get(filled[1]).entry.verification  # failed: left as it was
 
     def broken(entry):
         raise RuntimeError("worker died")
