@@ -172,6 +172,33 @@ def test_a_local_entry_verified_under_other_rules_runs_only_once_verified_again(
     assert runtime.registered(key) is not None and runtime.registered(key).calls >= 1
 
 
+def test_cache_verify_records_these_rules_and_the_compile_then_trusts_the_entry(cache_dir, capsys):
+    """`cuda-agent cache verify` verifies a winner recorded under other rules (on the CPU here,
+    where its task is) and keeps the verification it ran: the next compile runs the winner
+    without verifying it again (which a CPU task could not be)."""
+    import json
+
+    from agent_backend.cli import main
+    from agent_backend.dispatch import close_shared_environments
+    from agent_backend.env.verify import rules
+    from kernel_cache import KernelCache
+    torch.manual_seed(0)
+    model, x = Net(), torch.randn(4, 16)
+    key = put_cached_entry(_swish_task(model, x), source=SWISH_BIAS, rules="0-older")
+    runtime._registry.pop(key, None)
+    try:
+        assert main(["cache", "verify", "--json"]) == 0
+    finally:
+        close_shared_environments()
+    (result,) = json.loads(capsys.readouterr().out)["results"]
+    assert result["passed"] and result["recorded"], result
+    with KernelCache.open() as cache:
+        assert cache.local.read(key).verification["rules"] == rules()
+    torch._dynamo.reset()
+    run_fwd_bwd(model, [x], "cuda_agent", options={"mode": "cached"})
+    assert runtime.registered(key) is not None and runtime.registered(key).calls >= 1
+
+
 def _entry(outcome, provenance, timings=None):
     from kernel_cache import Entry
     return Entry(outcome=outcome, reason="test", source="class ModelNew: pass" if outcome == "kernel" else None,
