@@ -140,7 +140,7 @@ class Dispatcher:
             if lookup.trusted and verified_under_these_rules(entry.verification):
                 self.cache.touch(key)
                 return self._dispatch(task, key.digest, entry)
-            entry = self._reverify(task, key, entry, lookup.layer)
+            entry = self._reverify(task, key, entry, lookup.layer, timed=lookup.trusted)
             if entry is None:
                 return Decision(task, None, f"{lookup.layer} entry failed verification here")
             return self._dispatch_and_store(task, key, entry)
@@ -280,19 +280,23 @@ class Dispatcher:
             progress.finished(entry.timings.get("counted_speedup"), won=entry.outcome == "kernel")
         return entry
 
-    def _reverify(self, task: Task, key, entry, layer: str):
+    def _reverify(self, task: Task, key, entry, layer: str, timed: bool):
         """An untrusted team entry, or one verified under other rules than these (an older
         version's: verify.rules), runs here only after it passes verification on this GPU; its
-        launch spec, not built here, is dropped (the source gives it again)."""
+        launch spec, not built here, is dropped (the source gives it again). An untrusted entry
+        must also win here; one whose timings are `timed` here (or signed) keeps them: its
+        correctness is in question, not its speed, which timing noise would otherwise decide."""
         from .specs import Candidate
         if task.inputs[0].device != "cuda" or not torch.cuda.is_available():
             return None
         env = shared_environment(self.settings.devices, self.precision, self.settings.min_speedup)
-        ev = env.evaluate(task, Candidate(entry.source, entry.origin))
-        if ev.status != "passed" or not ev.profile or not (ev.profile["wins"] or needs_context(ev.profile)):
+        ev = env.evaluate(task, Candidate(entry.source, entry.origin), profile=not timed)
+        wins = timed or bool(ev.profile and (ev.profile["wins"] or needs_context(ev.profile)))
+        if ev.status != "passed" or not wins:
             log.info("cuda_agent: %s entry %s rejected here: %s", layer, key.digest[:12], ev.reason or "not faster")
             return None
-        entry.timings = dict(ev.profile)
+        if not timed:
+            entry.timings = dict(ev.profile)
         entry.verification = ev.verification_record()
         strip_from_entry(entry)
         return entry

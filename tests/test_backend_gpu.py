@@ -112,6 +112,28 @@ def test_a_cached_kernel_passed_by_older_rules_is_verified_again_and_refused(cac
         [r.message for r in caplog.records]
 
 
+def test_a_cached_winner_passed_by_older_rules_runs_once_these_pass_it(cache_dir):
+    """A correct local winner recorded under older rules is verified again (not timed again: its
+    timings were measured here) before it runs; its entry then records these rules."""
+    from agent_backend.env.verify import rules
+    from helpers import TIMED_BOTH_WAYS
+    from kernel_cache import KernelCache
+    torch.manual_seed(0)
+    model, x = Net().cuda(), torch.randn(32, 64, device="cuda")
+    tasks = collect_tasks(model, [x.clone().requires_grad_()], backward=True, min_ops=1)
+    task = next(t for t in tasks if t.ops == ("aten.sigmoid.default", "aten.mul.Tensor", "aten.add.Tensor"))
+    key = put_cached_entry(task, source=SWISH_BIAS_CUDA, device="cuda", rules="0-older")
+    runtime._registry.pop(key, None)
+    torch._dynamo.reset()
+    ours_out, _ = run_fwd_bwd(model, [x], "cuda_agent", options={"mode": "cached"})
+    eager_out, _ = run_fwd_bwd(model, [x])
+    assert_close_lists(ours_out, eager_out, 1e-5, 1e-5, "output")
+    assert runtime.registered(key).calls >= 1
+    with KernelCache.open() as cache:
+        entry = cache.local.read(key)
+    assert entry.verification["rules"] == rules() and entry.timings == TIMED_BOTH_WAYS
+
+
 class Chains(nn.Module):
     """Pointwise chains big enough to be worth a kernel."""
 
