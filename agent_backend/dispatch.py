@@ -282,7 +282,7 @@ class Dispatcher:
 
     def _reverify(self, task: Task, key, entry, layer: str, timed: bool):
         """An untrusted team entry, or one verified under other rules than these (an older
-        version's: verify.rules), runs here only after it passes verification on this GPU; its
+        version's: verify.RULES), runs here only after it passes verification on this GPU; its
         launch spec, not built here, is dropped (the source gives it again). An untrusted entry
         must also win here; one whose timings are `timed` here (or signed) keeps them: its
         correctness is in question, not its speed, which timing noise would otherwise decide."""

@@ -57,14 +57,14 @@ def put_cached_entry(task, outcome: str = "kernel", source: str | None = None, *
     """Store an entry for `task` under the key the backend looks up with default options; its
     digest. `launch_spec`: a LaunchSpec stored with it, as the search stores a winner's; a winner's
     `timings` default to TIMED_BOTH_WAYS, its verification passed under `rules` (default: these,
-    verify.rules())."""
+    verify.RULES)."""
     from agent_backend.dispatch import user_precision
     from agent_backend.env.launch_spec import store_in_entry
-    from agent_backend.env.verify import rules as current_rules
+    from agent_backend.env.verify import RULES
     from agent_backend.options import resolve
     from kernel_cache import Entry, KernelCache, make_key
     key = make_key(task.hash, task.inputs, device, user_precision(resolve({})))
-    verification = {"passed": True, "rules": rules or current_rules()} if outcome == "kernel" else {}
+    verification = {"passed": True, "rules": rules or RULES} if outcome == "kernel" else {}
     entry = Entry(outcome=outcome, reason=reason, source=source, origin=origin,
                   provenance=provenance or {"policy": "test"},
                   timings=timings or (TIMED_BOTH_WAYS if outcome == "kernel" else {}), task=task.to_json(),

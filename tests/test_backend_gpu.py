@@ -115,7 +115,7 @@ def test_a_cached_kernel_passed_by_older_rules_is_verified_again_and_refused(cac
 def test_a_cached_winner_passed_by_older_rules_runs_once_these_pass_it(cache_dir):
     """A correct local winner recorded under older rules is verified again (not timed again: its
     timings were measured here) before it runs; its entry then records these rules."""
-    from agent_backend.env.verify import rules
+    from agent_backend.env.verify import RULES
     from helpers import TIMED_BOTH_WAYS
     from kernel_cache import KernelCache
     torch.manual_seed(0)
@@ -131,7 +131,7 @@ def test_a_cached_winner_passed_by_older_rules_runs_once_these_pass_it(cache_dir
     assert runtime.registered(key).calls >= 1
     with KernelCache.open() as cache:
         entry = cache.local.read(key)
-    assert entry.verification["rules"] == rules() and entry.timings == TIMED_BOTH_WAYS
+    assert entry.verification["rules"] == RULES and entry.timings == TIMED_BOTH_WAYS
 
 
 class Chains(nn.Module):

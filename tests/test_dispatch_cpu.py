@@ -180,7 +180,7 @@ def test_cache_verify_records_these_rules_and_the_compile_then_trusts_the_entry(
 
     from agent_backend.cli import main
     from agent_backend.dispatch import close_shared_environments
-    from agent_backend.env.verify import rules
+    from agent_backend.env.verify import RULES
     from kernel_cache import KernelCache
     torch.manual_seed(0)
     model, x = Net(), torch.randn(4, 16)
@@ -193,7 +193,7 @@ def test_cache_verify_records_these_rules_and_the_compile_then_trusts_the_entry(
     (result,) = json.loads(capsys.readouterr().out)["results"]
     assert result["passed"] and result["recorded"], result
     with KernelCache.open() as cache:
-        assert cache.local.read(key).verification["rules"] == rules()
+        assert cache.local.read(key).verification["rules"] == RULES
     torch._dynamo.reset()
     run_fwd_bwd(model, [x], "cuda_agent", options={"mode": "cached"})
     assert runtime.registered(key) is not None and runtime.registered(key).calls >= 1

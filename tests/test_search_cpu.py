@@ -1,7 +1,7 @@
 """The search loop over a real worker pool on CPU tasks: the fastest verified candidate is kept,
 broken ones are reported, and the entry says why (on CPU a kernel never wins: host timings
 include torch.compile's wrappers, so the environment never calls them wins)."""
-from agent_backend.env.verify import rules
+from agent_backend.env.verify import RULES
 from agent_backend.search import search_task
 from test_env_cases import add_relu_task, make_candidate, module_environment
 
@@ -44,7 +44,7 @@ def test_keeps_a_verified_candidate_and_records_evidence(env):
     assert sum(entry.timings["phase_s"].values()) <= entry.timings["search_s"]
     assert entry.verification["trials"] >= 5
     # the verdict and the rules it was reached under (kernel_cache.Entry.verified, dispatch.decide)
-    assert entry.verified and entry.verification["rules"] == rules()
+    assert entry.verified and entry.verification["rules"] == RULES
     assert entry.task == TASK.to_json()
     assert (entry.provenance["policy"], entry.provenance["policy_revision"]) == ("test-list", "1")
 
