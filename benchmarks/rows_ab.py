@@ -3,7 +3,7 @@ row tasks written by one or more base copies of skills/rows/codegen.py (comma-se
 this checkout's, each checked against the task's program, then timed interleaved in one process
 (rows_plans.bench: the least do_bench time of 5 rounds). Only codegen.py is swapped, so a base
 must agree with this checkout's plan.py and candidates.py. Per launch: each base's us and
-base / new, then new's us.
+base / new, then new's us; per line, a copy of the task's rows (as many bytes as a softmax moves).
 
     git show main:skills/rows/codegen.py > /tmp/codegen_main.py
     python benchmarks/rows_ab.py /tmp/codegen_main.py softmax_long_rows:bf16:t256r1v8g16o,t128r1v8g32o logsumexp:fp32
@@ -16,6 +16,8 @@ from __future__ import annotations
 import importlib.util
 import sys
 from pathlib import Path
+
+import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout
 
@@ -60,9 +62,17 @@ def main(base_paths: list[str], specs: list[str]) -> None:
             for version, write in writers.items():
                 fns.update(plan_contenders([(f"{version}:{t}", plan, c) for t, plan, c in launches], ins, expected,
                                            write=write))
-            times = bench(fns, rounds=5)
+            rows, destination = _copied(ins)
+            times = bench({**fns, "copy": lambda: destination.copy_(rows)}, rounds=5)
             print(spec, task.hash[:8], " | ".join(_compared(t, list(writers), times) for t, _, _ in launches),
-                  flush=True)
+                  f"| copy {times['copy']:.1f}", flush=True)
+
+
+def _copied(ins: list):
+    """The task's rows (its largest input) and a destination: a copy of as many bytes as a row
+    task that reads its rows once and writes as many (a softmax) must move, timed beside it."""
+    rows = max(ins, key=lambda t: t.numel())
+    return rows, torch.empty_like(rows)
 
 
 def _compared(launch_tag: str, versions: list[str], times: dict) -> str:
