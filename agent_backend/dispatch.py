@@ -81,9 +81,12 @@ class Dispatcher:
         self._announced_search = False
         # Results of this compile's searches by key digest, for an identical task later in the
         # graph (a transformer's layers) when the cache could not keep them; and why the policy
-        # could not be asked (not cached: the next compile asks again).
+        # could not be asked (not cached: the next compile asks again); and the cached kernels
+        # that failed verification here, by key digest: (their source, why), so an identical task
+        # later in the graph is not verified again.
         self._searched: dict[str, Entry] = {}
         self._unanswered: dict[str, str] = {}
+        self._refused: dict[str, tuple[str, str]] = {}
         self._graph_token_live = False  # see _in_background
 
     @property
@@ -140,17 +143,22 @@ class Dispatcher:
             if lookup.trusted and verified_under_these_rules(entry.verification):
                 self.cache.touch(key)
                 return self._dispatch(task, key.digest, entry)
-            entry = self._reverify(task, key, entry, lookup.layer, timed=lookup.trusted)
-            if entry is None:
-                return Decision(task, None, f"{lookup.layer} entry failed verification here")
-            return self._dispatch_and_store(task, key, entry)
+            verified = self._verified_here(task, key, entry, lookup)
+            if verified is not None:
+                return self._dispatch_and_store(task, key, verified)
+            if no_search:
+                return Decision(task, None, self._refused[key.digest][1])
+            # searched anew below: the result replaces the refused kernel in the cache
         if no_search:
             return Decision(task, None, no_search)
         if key.digest in self._unanswered:
             return Decision(task, None, self._unanswered[key.digest])
         if key.digest in self._searched:  # an identical task of this compile, its result not in the cache
             return self._decision(task, key.digest, self._searched[key.digest])
-        if lookup is not None:
+        if key.digest in self._refused:
+            log.info("cuda_agent: searching task %s again: its cached kernel failed verification here",
+                     task.hash[:12])
+        elif lookup is not None:
             written_by = lookup.entry.provenance
             log.info("cuda_agent: searching task %s again: its cached result (%s) came from policy %s revision %s",
                      task.hash[:12], lookup.entry.outcome, written_by.get("policy"), written_by.get("policy_revision"))
@@ -279,6 +287,17 @@ class Dispatcher:
         if progress:
             progress.finished(entry.timings.get("counted_speedup"), won=entry.outcome == "kernel")
         return entry
+
+    def _verified_here(self, task: Task, key, entry, lookup):
+        """`entry` (a cached kernel not yet trusted under these rules) once verified here (see
+        _reverify), or None: refused, now or earlier in this compile for the same source."""
+        refused = self._refused.get(key.digest)
+        if refused is not None and refused[0] == entry.source:
+            return None
+        verified = self._reverify(task, key, entry, lookup.layer, timed=lookup.trusted)
+        if verified is None:
+            self._refused[key.digest] = (entry.source, f"{lookup.layer} entry failed verification here")
+        return verified
 
     def _reverify(self, task: Task, key, entry, layer: str, timed: bool):
         """An untrusted team entry, or one verified under other rules than these (an older

@@ -112,6 +112,26 @@ def test_a_cached_kernel_passed_by_older_rules_is_verified_again_and_refused(cac
         [r.message for r in caplog.records]
 
 
+def test_a_cached_kernel_refused_here_is_searched_anew_and_replaced(cache_dir, caplog):
+    """In search mode, the cached naive softmax that these rules refuse is searched again: the
+    search's result, verified under these rules, replaces it in the cache."""
+    from agent_backend.env.verify import RULES
+    from kernel_cache import KernelCache
+    x = torch.randn(64, 1000, device="cuda")
+    (task,) = [t for t in collect_tasks(Softmax(), [x], backward=False) if "aten.amax.default" in t.ops]
+    key = put_cached_entry(task, source=NAIVE_SOFTMAX, device="cuda", rules="0-older")
+    runtime._registry.pop(key, None)
+    torch._dynamo.reset()
+    with torch.no_grad(), caplog.at_level("INFO", logger="cuda_agent"):
+        out = torch.compile(Softmax(), backend="cuda_agent", options={"mode": "search", "search_budget_s": 30})(x * 40)
+    torch.testing.assert_close(out, torch.softmax(x * 40, -1))
+    assert any("its cached kernel failed verification here" in r.message for r in caplog.records)
+    with KernelCache.open() as cache:
+        entry = cache.local.read(key)
+    assert entry.source != NAIVE_SOFTMAX
+    assert entry.outcome != "kernel" or entry.verification["rules"] == RULES
+
+
 def test_a_cached_winner_passed_by_older_rules_runs_once_these_pass_it(cache_dir):
     """A correct local winner recorded under older rules is verified again (not timed again: its
     timings were measured here) before it runs; its entry then records these rules."""

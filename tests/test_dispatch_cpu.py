@@ -363,6 +363,46 @@ def test_a_policy_that_cannot_be_asked_is_asked_once_per_compile(cache_dir, sear
     assert policy.proposals == 2, "the next compile asks again"
 
 
+def _counting_verifications(monkeypatch) -> list:
+    """Each verification of a cached kernel here (Dispatcher._reverify, still run): a CPU task's
+    always fails, as none can be verified on a GPU."""
+    from agent_backend.dispatch import Dispatcher
+    calls, verify = [], Dispatcher._reverify
+    monkeypatch.setattr(Dispatcher, "_reverify", lambda self, *a, **k: calls.append(a[1].digest) or verify(self, *a, **k))
+    return calls
+
+
+def test_a_cached_kernel_refused_here_is_verified_once_a_compile(cache_dir, monkeypatch):
+    """A transformer's identical layers under one cached kernel that fails verification here:
+    verified for the first, refused for all, verified again by the next compile only."""
+    from agent_backend.dispatch import Dispatcher
+    task = _swish_task(Net(), torch.randn(4, 16))
+    key = put_cached_entry(task, source=SWISH_BIAS, rules="0-older")
+    calls = _counting_verifications(monkeypatch)
+    dispatcher = Dispatcher(resolve({"mode": "cached"}))
+    assert [dispatcher.decide(task).reason for _ in range(12)] == ["local entry failed verification here"] * 12
+    assert calls == [key]
+    Dispatcher(resolve({"mode": "cached"})).decide(task)
+    assert calls == [key, key]
+
+
+def test_a_cached_kernel_refused_here_is_searched_anew_where_searching(cache_dir, searchable_on_cpu, monkeypatch):
+    """In search mode a cached kernel that fails verification here is searched again, once for
+    identical tasks, and the search's result replaces it in the cache."""
+    from agent_backend.dispatch import Dispatcher
+    from kernel_cache import KernelCache
+    task, policy = _swish_task(Net(), torch.randn(4, 16)), CountingPolicy()
+    key = put_cached_entry(task, source=SWISH_BIAS, rules="0-older")
+    calls = _counting_verifications(monkeypatch)
+    dispatcher = Dispatcher(resolve({"mode": "search"}), policy=policy)
+    reasons = [dispatcher.decide(task).reason for _ in range(3)]
+    assert reasons == ["no template here"] + ["cached: no template here"] * 2
+    assert calls == [key] and policy.proposals == 1
+    with KernelCache.open() as cache:
+        entry = cache.local.read(key)
+    assert (entry.outcome, entry.source, entry.reason) == ("failed", None, "no template here")
+
+
 def test_a_task_the_gate_skipped_is_searched_again_once_the_gate_or_its_bar_would_not_skip_it(cache_dir,
                                                                                               searchable_on_cpu):
     from agent_backend import gate
