@@ -858,16 +858,19 @@ extern "C" __global__ void __launch_bounds__({self._bounds()}) {name}({", ".join
     def _through_global(self, partials, work: Pass) -> list[str]:
         """Each block's partials of its rows to their slots of the workspace (slot row * split +
         the block's place in the row), grid.sync(), then every block combines its rows' slots.
-        Along rows, as it combined its threads' partials: thread t takes slots t, t + threads,
-        ..., then shuffles and shared memory (in a scope of their own); across rows (a row's
-        threads already agree) each thread folds its row's slots in order. Every block does the
+        Along rows, every warp folds them all, lane l slots l, l + 32, ..., then shuffles: no
+        barrier or shared memory between grid.sync() and the stores, where a block fold's two
+        __syncthreads and its slots in shared memory were (on an H100, split softmax over 16 x
+        393216: 1-4% faster in fp32 and bf16, benchmarks/results/rows_ab-h100-...-fortieth*);
+        across rows (a row's threads already agree) each thread folds its row's slots in order. Every block does the
         same in the same order, so all hold the same value; across rows, where nothing after the
         last pass reads it but the row's store, only the storing thread folds (on an H100, splits
         of 32-64 where every thread folded up to 512 slots ran 2-10x slower than splits of 8-16).
         Loads through L2 (__ldcg): the other blocks' writes never sat in this SM's L1."""
         lines, slots = [], self.plan.rows * self.S
-        if self.plan.along_rows:  # one row a block, every block's row in range
-            mine, guard, first, step = "blockIdx.x", "", "t", self.T
+        width = min(self.T, WARP)
+        if self.plan.along_rows:  # one row a block, every block's row in range; each warp folds them all
+            mine, guard, first, step = "blockIdx.x", "", f"t % {width}", width
         else:
             mine, guard, first, step = f"row * {self.S} + blockIdx.x % {self.S}", "row_ok && ", "0", 1
         stored_only = not self.plan.along_rows and work is self.plan.passes[-1] and not self._element_outputs()
@@ -885,7 +888,7 @@ extern "C" __global__ void __launch_bounds__({self._bounds()}) {name}({", ".join
         lines = self._lanes(lines) + ["grid.sync();"] + self._lanes(folds)
         if not self.plan.along_rows:
             return lines
-        return lines + ["{"] + ["  " + line for line in self._combine_in_block(partials)] + ["}"]
+        return lines + self._lanes(_shuffles(partials, width, self._accumulator))
 
     def _combine_across_rows(self, work: Pass) -> list[str]:
         """Through shared memory, each of the thread's rows in its own array, one barrier for all."""
