@@ -385,17 +385,21 @@ def test_a_task_whose_trials_do_not_fit_is_refused_for_memory_and_the_worker_sta
     assert ev.status == "passed" and not ev.worker_restarted, ev.reason
 
 
-def test_a_task_whose_inputs_take_a_sixth_of_the_memory_each_is_verified(env):
-    """A trial per input set of one 1/6-of-free-memory input each: holding every trial's inputs (as the
-    verifier did, so that addresses never repeat) runs out of memory at the fifth; now only the
-    latest trial's are held, and new ones keep out of the earlier ones' addresses."""
+def test_a_task_whose_fresh_input_sets_nearly_fill_the_memory_is_verified(env):
+    """A trial per input set of one large input each, the plan's fresh sets (those not written
+    into the previous trial's tensors) taking all but two such inputs' worth of free memory: each
+    new set keeps out of the earlier ones' address ranges, so together they need that much room,
+    and no more is held (only the latest trial's inputs stay alive). Holding every trial's inputs,
+    the verifier ran out of memory at the fifth of six sets of a sixth each; with the eighth set
+    (the wide draw), a sixth each no longer fits: seven fresh sets."""
     import torch
 
     from test_env_cases import contiguous, make_task
 
+    fresh_sets = sum(not reuse for _, reuse in VERIFICATION_PLAN)
     free, _ = torch.cuda.mem_get_info()
-    rows = free // 6 // (4096 * 4)
-    task = make_task("row_sum_sixth", "return aten.sum.dim_IntList(in0, [1])",
+    rows = free // (fresh_sets + 2) // (4096 * 4)
+    task = make_task("row_sum_large", "return aten.sum.dim_IntList(in0, [1])",
                      [contiguous((rows, 4096), "float32", "cuda")], [contiguous((rows,), "float32", "cuda")],
                      "reduction", ("aten.sum.dim_IntList",))
     ev = evaluate(env, make_candidate("return a.sum(1)", args="a"), task)
