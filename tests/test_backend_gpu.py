@@ -95,18 +95,25 @@ class Softmax(nn.Module):
         return torch.softmax(x, -1)
 
 
-def test_a_cached_kernel_passed_by_older_rules_is_verified_again_and_refused(cache_dir, caplog):
-    """A local winner recorded under rules without the wide input set (as an older version's
-    verifier would have passed this softmax) runs only once these rules pass it: it fails on the
-    wide set, and Inductor computes the softmax."""
+def _compile_over_a_cached_naive_softmax(caplog, options: dict) -> str:
+    """The naive softmax cached as a local winner under older rules (no wide input set), then a
+    softmax over values up to about 150 compiled with `options`: it matches eager. The entry's key."""
     x = torch.randn(64, 1000, device="cuda")
     (task,) = [t for t in collect_tasks(Softmax(), [x], backward=False) if "aten.amax.default" in t.ops]
     key = put_cached_entry(task, source=NAIVE_SOFTMAX, device="cuda", rules="0-older")
     runtime._registry.pop(key, None)
     torch._dynamo.reset()
     with torch.no_grad(), caplog.at_level("INFO", logger="cuda_agent"):
-        out = torch.compile(Softmax(), backend="cuda_agent", options={"mode": "cached"})(x * 40)
+        out = torch.compile(Softmax(), backend="cuda_agent", options=options)(x * 40)
     torch.testing.assert_close(out, torch.softmax(x * 40, -1))
+    return key
+
+
+def test_a_cached_kernel_passed_by_older_rules_is_verified_again_and_refused(cache_dir, caplog):
+    """A local winner recorded under rules without the wide input set (as an older version's
+    verifier would have passed this softmax) runs only once these rules pass it: it fails on the
+    wide set, and Inductor computes the softmax."""
+    key = _compile_over_a_cached_naive_softmax(caplog, {"mode": "cached"})
     assert runtime.registered(key) is None
     assert any("rejected here" in r.message and "mean 60" in r.message for r in caplog.records), \
         [r.message for r in caplog.records]
@@ -117,14 +124,7 @@ def test_a_cached_kernel_refused_here_is_searched_anew_and_replaced(cache_dir, c
     search's result, verified under these rules, replaces it in the cache."""
     from agent_backend.env.verify import RULES
     from kernel_cache import KernelCache
-    x = torch.randn(64, 1000, device="cuda")
-    (task,) = [t for t in collect_tasks(Softmax(), [x], backward=False) if "aten.amax.default" in t.ops]
-    key = put_cached_entry(task, source=NAIVE_SOFTMAX, device="cuda", rules="0-older")
-    runtime._registry.pop(key, None)
-    torch._dynamo.reset()
-    with torch.no_grad(), caplog.at_level("INFO", logger="cuda_agent"):
-        out = torch.compile(Softmax(), backend="cuda_agent", options={"mode": "search", "search_budget_s": 30})(x * 40)
-    torch.testing.assert_close(out, torch.softmax(x * 40, -1))
+    key = _compile_over_a_cached_naive_softmax(caplog, {"mode": "search", "search_budget_s": 30})
     assert any("its cached kernel failed verification here" in r.message for r in caplog.records)
     with KernelCache.open() as cache:
         entry = cache.local.read(key)
