@@ -280,6 +280,24 @@ def test_an_exp_not_taken_against_its_rows_max_is_refused_on_the_wide_input_set(
         assert "got nan" in ev.reason or "got inf" in ev.reason, ev.reason
 
 
+VARIANCE = make_task("var_rows", "return aten.var.correction(in0, [-1], correction=0)",
+                     [contiguous((32, 4096), "float32", "cpu")], [contiguous((32,), "float32", "cpu")],
+                     "reduction", ("aten.var.correction",))
+
+
+@pytest.mark.parametrize("body, status", [
+    ("m = a.mean(-1, keepdim=True)\nreturn ((a - m) ** 2).mean(-1)", "passed"),
+    ("return (a * a).mean(-1) - a.mean(-1) ** 2", "incorrect"),
+], ids=["two_passes", "one_pass"])
+def test_a_variance_taken_in_one_pass_is_refused_as_less_accurate(env, body, status):
+    """E[x^2] - E[x]^2 cancels where the mean is large against the spread: within tolerance of
+    the reference, it is refused on its error against float64 (a set whose mean is 4 stds)."""
+    ev = evaluate(env, make_candidate(body, args="a"), VARIANCE)
+    assert ev.status == status, ev.reason
+    if status == "incorrect":
+        assert "less accurate than the reference" in ev.reason, ev.reason
+
+
 # in0 where in1 != 0, else 0: a mask that normal draws never hit (in1 == 0 has probability 0)
 MASKED = make_task("masked_by_nonzero", "return aten.mul.Tensor(in0, aten.ne.Scalar(in1, 0))",
                    [contiguous((32, 64), "float32", "cpu")] * 2, [contiguous((32, 64), "float32", "cpu")],
