@@ -255,9 +255,10 @@ class Dispatcher:
         from .search import gate_task, search_task
         from .trajectories import FILE, Recorder, TrajectoryLog
         if not self._announced_search and self.settings.mode == "search":
-            log.warning("cuda_agent: searching kernels for subgraphs with no cached result, or a loser from "
-                        "an older policy, or a rewrite our rules now write differently (up to %.0f s "
-                        "each); results are cached, and options={'mode': 'cached'} skips the search",
+            log.warning("cuda_agent: searching kernels for subgraphs with no cached result, a loser from an "
+                        "older policy, a rewrite our rules now write differently, or a cached kernel that "
+                        "failed verification here (up to %.0f s each); results are cached, and "
+                        "options={'mode': 'cached'} skips the search",
                         self.settings.search_budget_s)
             self._announced_search = True
         env = env or shared_environment(self.settings.devices, self.precision, self.settings.min_speedup)
