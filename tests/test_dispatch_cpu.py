@@ -368,7 +368,11 @@ def _counting_verifications(monkeypatch) -> list:
     always fails, as none can be verified on a GPU."""
     from agent_backend.dispatch import Dispatcher
     calls, verify = [], Dispatcher._reverify
-    monkeypatch.setattr(Dispatcher, "_reverify", lambda self, *a, **k: calls.append(a[1].digest) or verify(self, *a, **k))
+
+    def counted(self, task, key, *args, **kwargs):
+        calls.append(key.digest)
+        return verify(self, task, key, *args, **kwargs)
+    monkeypatch.setattr(Dispatcher, "_reverify", counted)
     return calls
 
 
