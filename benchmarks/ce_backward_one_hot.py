@@ -18,7 +18,7 @@ sys.path[:0] = [str(root), str(root / "tests")]  # run from a checkout; the task
 
 from agent_backend.specs import random_inputs  # noqa: E402
 from agent_backend.task import load_program  # noqa: E402
-from benchmarks.rows_plans import bench_beside_inductor_and_copy, plan_contenders  # noqa: E402
+from benchmarks.rows_plans import bench_beside_inductor_and_copy, plan_contenders, rows_input  # noqa: E402
 from skills.rows import plan as plan_module  # noqa: E402
 from skills.rows.candidates import launch_configs, tag  # noqa: E402
 from skills.rows.plan import build_plan  # noqa: E402
@@ -49,7 +49,7 @@ def main() -> None:
         with torch.no_grad():
             expected = torch.compile(reference, backend="inductor")(*ins)
         fns = plan_contenders(launches, ins, expected if isinstance(expected, tuple) else (expected,))
-        x = max(ins, key=torch.Tensor.numel)
+        x = rows_input(ins)  # the logits
         print(str(dtype), bench_beside_inductor_and_copy(fns, reference, ins, x, "copy_logits"), flush=True)
 
 

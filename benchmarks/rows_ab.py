@@ -21,7 +21,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout
 
-from benchmarks.rows_plans import bench, plan_contenders, row_tasks  # noqa: E402
+from benchmarks.rows_plans import bench, plan_contenders, row_tasks, rows_input  # noqa: E402
 from skills.rows.candidates import launch_configs, tag  # noqa: E402
 from skills.rows.codegen import kernel_source  # noqa: E402
 from skills.rows.plan import build_plan  # noqa: E402
@@ -69,9 +69,9 @@ def main(base_paths: list[str], specs: list[str]) -> None:
 
 
 def _copied(ins: list):
-    """The task's rows (its largest input) and a destination: a copy of as many bytes as a row
-    task that reads its rows once and writes as many (a softmax) must move, timed beside it."""
-    rows = max(ins, key=lambda t: t.numel())
+    """The task's rows and a destination: a copy of as many bytes as a row task that reads its
+    rows once and writes as many (a softmax) must move, timed beside it."""
+    rows = rows_input(ins)
     return rows, torch.empty_like(rows)
 
 

@@ -85,6 +85,11 @@ def plan_contenders(launches, ins: list, expected: tuple, atol: float = 2e-2, wr
     return fns
 
 
+def rows_input(ins: list[torch.Tensor]) -> torch.Tensor:
+    """A row task's rows: its largest input (not a loss's targets, nor a norm's weight)."""
+    return max(ins, key=torch.Tensor.numel)
+
+
 def row_tasks(name: str, dtype: str, min_row: int = 1024):
     """(task, inputs, reference, expected) for each row task of suite problem `name` in `dtype`
     the rows template takes, of rows of at least `min_row` elements: the task on CUDA, random
@@ -107,8 +112,7 @@ def main(specs: list[str]) -> None:
         name, dtype = spec.split(":")
         for task, ins, reference, expected in row_tasks(name, dtype):
             fns = plan_contenders(plan_launches(task), ins, expected)
-            x = max(ins, key=torch.Tensor.numel)  # the rows, not a loss's targets: half copied, as many bytes
-            # moved as reading them
+            x = rows_input(ins)  # half of it copied: as many bytes moved as reading it
             line = bench_beside_inductor_and_copy(fns, reference, ins, x.view(-1)[: x.numel() // 2], "copy_same_bytes")
             print(spec, task.hash[:8], line, flush=True)
 

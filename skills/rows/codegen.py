@@ -862,10 +862,11 @@ extern "C" __global__ void __launch_bounds__({self._bounds()}) {name}({", ".join
         barrier or shared memory between grid.sync() and the stores, where a block fold's two
         __syncthreads and its slots in shared memory were (on an H100, split softmax over 16 x
         393216: 0.6-3.7% faster in fp32 and bf16, benchmarks/results/rows_ab-h100-...-fortieth*);
-        across rows (a row's threads already agree) each thread folds its row's slots in order. Every block does the
-        same in the same order, so all hold the same value; across rows, where nothing after the
-        last pass reads it but the row's store, only the storing thread folds (on an H100, splits
-        of 32-64 where every thread folded up to 512 slots ran 2-10x slower than splits of 8-16).
+        across rows (a row's threads already agree) each thread folds its row's slots in order.
+        Every block does the same in the same order, so all hold the same value; across rows,
+        where nothing after the last pass reads it but the row's store, only the storing thread
+        folds (on an H100, splits of 32-64 where every thread folded up to 512 slots ran 2-10x
+        slower than splits of 8-16).
         Loads through L2 (__ldcg): the other blocks' writes never sat in this SM's L1."""
         lines, slots = [], self.plan.rows * self.S
         width = min(self.T, WARP)
