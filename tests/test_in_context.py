@@ -106,6 +106,12 @@ GEMM_SUM_OPS = ("aten.mm.default", "aten.sum.dim_IntList")
 GEMV_FOR = {GEMM_SUM_OPS: GEMV}
 
 
+def gemm_inputs() -> list[torch.Tensor]:
+    """x and w of a GEMM with far more work than the GEMV that replaces it (about 10x on a
+    2-core CPU): with 256 rows of x, a busy CI machine once timed the GEMV's graph slower."""
+    return [torch.randn(1024, 1024), torch.randn(1024, 1024)]
+
+
 @pytest.mark.parametrize("device", DEVICES)
 def test_a_winner_slower_in_its_graph_is_dropped_and_the_verdict_is_cached(cache_dir, device):
     x = [torch.randn(64, 32, device=device), torch.randn(32, 32, device=device)]
@@ -125,7 +131,7 @@ def test_a_winner_slower_in_its_graph_is_dropped_and_the_verdict_is_cached(cache
 @pytest.mark.parametrize("device", DEVICES)
 def test_a_winner_that_removes_work_is_kept_and_runs(cache_dir, device):
     # On a GPU big enough that the GEMM, not the winner's host time per call, sets the times.
-    m, k = (256, 1024) if device == "cpu" else (1024, 4096)
+    m, k = (1024, 1024) if device == "cpu" else (1024, 4096)
     x, w = torch.randn(m, k, device=device), torch.randn(k, k, device=device)
     out, (decision,), keys = _compile(gemm_then_sum, [x, w], resolve({"mode": "search"}), {GEMM_SUM_OPS: GEMV})
     torch.testing.assert_close(out, gemm_then_sum(x, w), rtol=1e-4, atol=1e-2)
@@ -142,7 +148,7 @@ def test_a_graph_that_gains_more_than_its_winners_saved_alone_is_timed_twice(cac
     """The GEMV removes the GEMM's work: its graph gains far more than the 0 ms the winner is said
     to have saved alone, so the check times it again (and keeps it: both timings gain); where it
     saved as much alone, once."""
-    x, w = torch.randn(256, 1024), torch.randn(1024, 1024)
+    x, w = gemm_inputs()
     for saved, twice in ((0.0, True), (1e3, False)):
         own = cache_dir / f"saved-{saved}"
         _, (decision,), _ = _compile(gemm_then_sum, [x, w], resolve({"mode": "search", "cache_dir": str(own)}),
@@ -220,7 +226,7 @@ def test_a_graph_that_cannot_be_checked_keeps_its_winners_and_says_why(cache_dir
 def test_a_launch_bound_winner_runs_only_with_a_measured_verdict(cache_dir, options, why):
     """A kernel faster on the GPU whose launch outlasts it stays with Inductor until its graph
     is measured faster with it; background mode queues that measurement."""
-    x, w = torch.randn(256, 1024), torch.randn(1024, 1024)
+    x, w = gemm_inputs()
     out, (decision,), keys = _compile_with(gemm_then_sum, [x, w], resolve(options), lambda t: GEMV_FOR.get(t.ops),
                                            needs_context=True)
     torch.testing.assert_close(out, gemm_then_sum(x, w), rtol=1e-4, atol=1e-2)
@@ -238,7 +244,7 @@ def test_a_launch_bound_winner_runs_only_with_a_measured_verdict(cache_dir, opti
 
 
 def test_a_launch_bound_winner_measured_faster_in_its_graph_runs(cache_dir):
-    x, w = torch.randn(256, 1024), torch.randn(1024, 1024)
+    x, w = gemm_inputs()
     out, (decision,), keys = _compile_with(gemm_then_sum, [x, w], resolve({"mode": "search"}),
                                            lambda t: GEMV_FOR.get(t.ops), needs_context=True)
     assert decision.winner_key == keys[GEMM_SUM_OPS] and "in context: the whole graph ran" in decision.reason
@@ -309,7 +315,7 @@ def test_where_all_winners_lose_together_the_one_least_faster_alone_is_dropped_f
         y = v * 2.0 + 1.0
         return torch.mm(x, w).sum(1), torch.mm(y, u), y
 
-    inputs = [torch.randn(256, 1024), torch.randn(1024, 1024), torch.randn(64, 32), torch.randn(32, 32)]
+    inputs = [*gemm_inputs(), torch.randn(64, 32), torch.randn(32, 32)]
     _, decisions, keys = _compile(two_groups, inputs, resolve({"mode": "search"}),
                                   {GEMM_SUM_OPS: GEMV, AFFINE_OPS: SLOW_AFFINE}, {GEMM_SUM_OPS: 3.0, AFFINE_OPS: 1.2})
     by_ops = {d.task.ops: d for d in decisions}
