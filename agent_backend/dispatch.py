@@ -21,7 +21,7 @@ from . import background, gate, in_context, inline, runtime
 from .env.floors import FILE_NAME as FLOORS_FILE
 from .env.launch_spec import read_from_entry, store_in_entry, strip_from_entry
 from .env.results import needs_context
-from .env.verify import verified_under_these_rules
+from .env.verify import RULES, verified_under_these_rules
 from .graph_pass import Decision, rewrite, unchecked
 from .options import Settings
 from .policies import PolicyError, source_revision
@@ -33,6 +33,11 @@ if TYPE_CHECKING:
     from kernel_cache import Entry
 
 log = logging.getLogger("cuda_agent")
+
+# Verification statuses that the same source fails again under the same rules (see refusal);
+# a timeout, a crash or a lack of memory may not recur, and a loss may be noise.
+LASTING_FAILURES = ("incorrect", "rejected")
+REFUSAL_CHARS = 300  # of the failure's reason kept in the cache
 
 
 def user_precision(settings: Settings) -> dict:
@@ -103,7 +108,7 @@ class Dispatcher:
         """The local cache's winner under `digest` (local entries are verified or trusted), for a
         graph that Inductor's FX graph cache replays without running our pass."""
         entry = self.cache.local.read(digest)
-        if entry is None or entry.outcome != "kernel" or not entry.task:
+        if entry is None or entry.outcome != "kernel" or not entry.task or refused_here(entry):
             return None
         self.cache.touch(digest)
         return runtime.Winner(key=digest, source=entry.source, outputs=Task.from_json(entry.task).outputs,
@@ -134,12 +139,14 @@ class Dispatcher:
         from kernel_cache import make_key
         device = task.inputs[0].device if task.inputs else task.outputs[0].device
         key = make_key(task.hash, task.inputs, device, self.precision)
-        lookup = self.cache.get(key)
+        lookup = self._lookup(key)
         no_search = self._why_no_search(device)
         if lookup is not None and (no_search or not self.search_again(lookup.entry, task)):
             entry = lookup.entry
             if entry.outcome != "kernel":
                 return Decision(task, None, f"cached: {entry.reason}", **_recorded(entry))
+            if refused_here(entry):
+                return Decision(task, None, refusal_reason(entry))
             if lookup.trusted and verified_under_these_rules(entry.verification):
                 self.cache.touch(key)
                 return self._dispatch(task, key.digest, entry)
@@ -155,7 +162,7 @@ class Dispatcher:
             return Decision(task, None, self._unanswered[key.digest])
         if key.digest in self._searched:  # an identical task of this compile, its result not in the cache
             return self._decision(task, key.digest, self._searched[key.digest])
-        if key.digest in self._refused:
+        if key.digest in self._refused or (lookup is not None and refused_here(lookup.entry)):
             log.info("cuda_agent: searching task %s again: its cached kernel failed verification here",
                      task.hash[:12])
         elif lookup is not None:
@@ -176,6 +183,19 @@ class Dispatcher:
         self.cache.put(key, entry)
         return self._decision(task, key.digest, entry)
 
+    def _lookup(self, key):
+        """The cache's entry for `key`; where that is a kernel refused here (refused_here) and a
+        shared layer now holds another source for the key (a team entry fixed since), that one."""
+        lookup = self.cache.get(key)
+        if lookup is None or not refused_here(lookup.entry):
+            return lookup
+        shared = self.cache.shared(key)
+        if shared is None or shared.entry.source == lookup.entry.source:
+            return lookup
+        if shared.trusted:
+            self.cache.put(key, shared.entry)  # in place of the refusal, as a lookup copies a trusted entry
+        return shared
+
     def _decision(self, task: Task, digest: str, entry) -> Decision:
         if entry.outcome == "kernel":
             return self._dispatch(task, digest, entry)
@@ -191,14 +211,14 @@ class Dispatcher:
         return None
 
     def search_again(self, entry, task: Task) -> bool:
-        """Whether a cached result is worth a new search: a stale loser, a rewrite winner our
-        rules no longer write, a winner timed after one kind of L2 flush only, or a task the gate
-        skipped under a bar that no longer skips it (or with the gate now off)."""
+        """Whether a cached result is worth a new search: a stale loser, a kernel refused here, a
+        rewrite winner our rules no longer write, a winner timed after one kind of L2 flush only,
+        or a task the gate skipped under a bar that no longer skips it (or with the gate now off)."""
         recorded = entry.timings.get("gate") or {}
         gated_off = recorded.get("skipped") and not (
             self.settings.gate and gate.still_skips(recorded, self.settings.min_speedup, self.settings.gate_slack))
-        return (self.is_stale_loser(entry) or self.is_stale_rewrite(entry, task) or timed_one_way(entry)
-                or bool(gated_off))
+        return (self.is_stale_loser(entry) or refused_here(entry) or self.is_stale_rewrite(entry, task)
+                or timed_one_way(entry) or bool(gated_off))
 
     def written_by_another_policy(self, entry) -> bool:
         """Whether another policy, or another revision of ours, wrote `entry`."""
@@ -295,31 +315,38 @@ class Dispatcher:
         refused = self._refused.get(key.digest)
         if refused is not None and refused[0] == entry.source:
             return None
-        verified = self._reverify(task, key, entry, lookup.layer, timed=lookup.trusted)
+        verified, failed = self._reverify(task, key, entry, lookup.layer, timed=lookup.trusted)
         if verified is None:
-            self._refused[key.digest] = (entry.source, f"{lookup.layer} entry failed verification here")
+            reason = f"{lookup.layer} entry failed verification here"
+            if failed is not None:  # wrong under these rules for good: later compiles need not verify it again
+                record = refusal(entry, lookup.layer, failed)
+                self.cache.put(key, record)
+                reason = refusal_reason(record)
+            self._refused[key.digest] = (entry.source, reason)
         return verified
 
-    def _reverify(self, task: Task, key, entry, layer: str, timed: bool):
+    def _reverify(self, task: Task, key, entry, layer: str, timed: bool) -> tuple["Entry | None", str | None]:
         """An untrusted team entry, or one verified under other rules than these (an older
-        version's: verify.RULES), runs here only after it passes verification on this GPU; its
-        launch spec, not built here, is dropped (the source gives it again). An untrusted entry
-        must also win here; one whose timings are `timed` here (or signed) keeps them: its
-        correctness is in question, not its speed, which timing noise would otherwise decide."""
+        version's: verify.RULES), runs here only after it passes verification on this device;
+        its launch spec, not built here, is dropped (the source gives it again). An untrusted
+        entry must also win here; one whose timings are `timed` here (or signed) keeps them: its
+        correctness is in question, not its speed, which timing noise would otherwise decide.
+        Returns the entry verified, or None; and why it failed where it would fail again
+        (LASTING_FAILURES: not a timeout, a lack of memory or a loss by noise), else None."""
         from .specs import Candidate
-        if task.inputs[0].device != "cuda" or not torch.cuda.is_available():
-            return None
+        if task.inputs[0].device == "cuda" and not torch.cuda.is_available():
+            return None, None
         env = shared_environment(self.settings.devices, self.precision, self.settings.min_speedup)
         ev = env.evaluate(task, Candidate(entry.source, entry.origin), profile=not timed)
         wins = timed or bool(ev.profile and (ev.profile["wins"] or needs_context(ev.profile)))
         if ev.status != "passed" or not wins:
             log.info("cuda_agent: %s entry %s rejected here: %s", layer, key.digest[:12], ev.reason or "not faster")
-            return None
+            return None, (f"{ev.status}: {ev.reason}"[:REFUSAL_CHARS] if ev.status in LASTING_FAILURES else None)
         if not timed:
             entry.timings = dict(ev.profile)
         entry.verification = ev.verification_record()
         strip_from_entry(entry)
-        return entry
+        return entry, None
 
     def _dispatch_and_store(self, task: Task, key, entry) -> Decision:
         """Load a winner verified in this run, then cache it, with the launch spec its source
@@ -433,6 +460,23 @@ class Dispatcher:
             log.warning("cuda_agent: the in-context check of graph %s failed (%s: %s); its kernels are dropped",
                         check.before.hash[:12], timing.status, timing.reason)
         return in_context.entry_of(check, timing, note)
+
+
+def refused_here(entry) -> bool:
+    """A kernel that failed verification under these rules, on this machine (see refusal)."""
+    return entry.outcome == "kernel" and verified_under_these_rules(entry.verification) and not entry.verified
+
+
+def refusal(entry, layer: str, why: str) -> "Entry":
+    """`entry` (from `layer`) as a kernel refused here under these rules, for the local cache:
+    mode "cached" leaves its task to Inductor without verifying it again, mode "search" searches
+    the task anew, and `cache verify --drop-failed` deletes it. A rules change verifies it again."""
+    verification = {"passed": False, "rules": RULES, "refused": f"{layer} entry: {why}"}
+    return dataclasses.replace(entry, verification=verification, signature=None)
+
+
+def refusal_reason(entry) -> str:
+    return f"cached kernel failed verification here: {entry.verification.get('refused', 'no reason recorded')}"
 
 
 def _recorded(entry) -> dict:

@@ -282,7 +282,10 @@ def _summary(layer: Layer, row: Row, cache: KernelCache) -> dict:
     if entry is None:
         return summary
     trust = "local" if layer.is_local else check_signature(entry, cache.trust_key).value
-    return {**summary, "outcome": entry.outcome, "reason": entry.reason, "origin": entry.origin,
+    # a kernel that failed verification here, kept so that it is not verified again (docs/CACHE.md)
+    outcome = "refused" if entry.outcome == "kernel" and entry.verification.get("refused") else entry.outcome
+    return {**summary, "outcome": outcome, "reason": entry.verification.get("refused") or entry.reason,
+            "origin": entry.origin,
             "task": entry.key.get("task_hash", ""), "inputs": entry.key.get("inputs", []),
             "gpu": f"{entry.key['gpu']['name']} ({entry.key['gpu']['capability']})",
             "ours_ms": entry.ms("ours_ms"), "inductor_ms": entry.ms("inductor_ms"), "eager_ms": entry.ms("eager_ms"),

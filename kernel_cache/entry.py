@@ -35,6 +35,8 @@ class Entry:
       profiler's stats (env/profile.summarize: median, p10, p90, trials, host_median), the
       in-context check's plain numbers; `ms(name)` reads either as one time (the median);
     - verification: `passed` (bool), `trials` (input sets checked), `max_error` (float);
+      `refused`: why a kernel failed verification on this machine (kept, with `passed` false,
+      so that it is not verified again under the same rules);
     - provenance: see `make_provenance`;
     - binaries: compiled code per architecture, e.g. {"sm_90": <cubin bytes>};
     - launch: the candidate's parameters; a launch-spec winner's spec under "spec", naming its

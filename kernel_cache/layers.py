@@ -152,20 +152,27 @@ class KernelCache:
     def get(self, key: CacheKey) -> Lookup | None:
         """The best entry for `key`: a local one, else the first trusted one from another
         layer (copied to the local cache), else the first untrusted one (not copied)."""
-        digest = key.digest
+        entry = self.local.read(key.digest)
+        if entry is not None:
+            return Lookup(entry, self.local.name, trusted=True)
+        shared = self.shared(key)
+        if shared is not None and shared.trusted:
+            self.local.store.put({key.digest: shared.entry.to_json()}, last_used={key.digest: time.time()})
+        return shared
+
+    def shared(self, key: CacheKey) -> Lookup | None:
+        """The best entry for `key` in the layers other than the local one: the first signed with
+        our key, else the first unsigned (to verify before use); nothing is copied."""
         untrusted = None
-        for layer in self.layers:
-            entry = layer.read(digest)
+        for layer in self.layers[1:]:
+            entry = layer.read(key.digest)
             if entry is None:
                 continue
-            if layer.is_local:
-                return Lookup(entry, layer.name, trusted=True)
             signature = check_signature(entry, self.trust_key)
             if signature is Signature.VALID:
-                self.local.store.put({digest: entry.to_json()}, last_used={digest: time.time()})
                 return Lookup(entry, layer.name, trusted=True)
             if signature is Signature.INVALID:
-                layer.report(digest, "its signature does not match its content: refused")
+                layer.report(key.digest, "its signature does not match its content: refused")
             elif untrusted is None:
                 untrusted = Lookup(entry, layer.name, trusted=False)
         return untrusted

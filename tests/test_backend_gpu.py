@@ -112,11 +112,25 @@ def _compile_over_a_cached_naive_softmax(caplog, options: dict) -> str:
 def test_a_cached_kernel_passed_by_older_rules_is_verified_again_and_refused(cache_dir, caplog):
     """A local winner recorded under rules without the wide input set (as an older version's
     verifier would have passed this softmax) runs only once these rules pass it: it fails on the
-    wide set, and Inductor computes the softmax."""
+    wide set, and Inductor computes the softmax. The refusal is cached: the next compile does
+    not verify it again."""
+    from agent_backend.env.verify import RULES
+    from kernel_cache import KernelCache
     key = _compile_over_a_cached_naive_softmax(caplog, {"mode": "cached"})
     assert runtime.registered(key) is None
     assert any("rejected here" in r.message and "mean 60" in r.message for r in caplog.records), \
         [r.message for r in caplog.records]
+    with KernelCache.open() as cache:
+        verification = cache.local.read(key).verification
+    assert verification["rules"] == RULES and not verification["passed"], verification
+    assert verification["refused"].startswith("local entry: incorrect: "), verification
+    caplog.clear()
+    x = torch.randn(64, 1000, device="cuda") * 40
+    torch._dynamo.reset()
+    with torch.no_grad(), caplog.at_level("INFO", logger="cuda_agent"):
+        torch.testing.assert_close(torch.compile(Softmax(), backend="cuda_agent", options={"mode": "cached"})(x),
+                                   torch.softmax(x, -1))
+    assert runtime.registered(key) is None and not any("rejected here" in r.message for r in caplog.records)
 
 
 def test_a_cached_kernel_refused_here_is_searched_anew_and_replaced(cache_dir, caplog):
