@@ -162,7 +162,8 @@ class KernelCache:
 
     def shared(self, key: CacheKey) -> Lookup | None:
         """The best entry for `key` in the layers other than the local one: the first signed with
-        our key, else the first unsigned (to verify before use); nothing is copied."""
+        our key, else the first other one not refused for its signature (to verify before use);
+        nothing is copied."""
         untrusted = None
         for layer in self.layers[1:]:
             entry = layer.read(key.digest)
