@@ -95,17 +95,23 @@ class Softmax(nn.Module):
         return torch.softmax(x, -1)
 
 
-def _compile_over_a_cached_naive_softmax(caplog, options: dict) -> str:
-    """The naive softmax cached as a local winner under older rules (no wide input set), then a
-    softmax over values up to about 150 compiled with `options`: it matches eager. The entry's key."""
-    x = torch.randn(64, 1000, device="cuda")
-    (task,) = [t for t in collect_tasks(Softmax(), [x], backward=False) if "aten.amax.default" in t.ops]
-    key = put_cached_entry(task, source=NAIVE_SOFTMAX, device="cuda", rules="0-older")
-    runtime._registry.pop(key, None)
+def _compile_softmax(caplog, options: dict, x: torch.Tensor) -> None:
+    """A softmax over x * 40 (values up to about 150) compiled with `options`, its log in
+    `caplog`: it matches eager."""
     torch._dynamo.reset()
     with torch.no_grad(), caplog.at_level("INFO", logger="cuda_agent"):
         out = torch.compile(Softmax(), backend="cuda_agent", options=options)(x * 40)
     torch.testing.assert_close(out, torch.softmax(x * 40, -1))
+
+
+def _compile_over_a_cached_naive_softmax(caplog, options: dict) -> str:
+    """The naive softmax cached as a local winner under older rules (no wide input set), then a
+    softmax compiled with `options` (_compile_softmax). The entry's key."""
+    x = torch.randn(64, 1000, device="cuda")
+    (task,) = [t for t in collect_tasks(Softmax(), [x], backward=False) if "aten.amax.default" in t.ops]
+    key = put_cached_entry(task, source=NAIVE_SOFTMAX, device="cuda", rules="0-older")
+    runtime._registry.pop(key, None)
+    _compile_softmax(caplog, options, x)
     return key
 
 
@@ -125,11 +131,7 @@ def test_a_cached_kernel_passed_by_older_rules_is_verified_again_and_refused(cac
     assert verification["rules"] == RULES and not verification["passed"], verification
     assert verification["refused"].startswith("local entry: incorrect: "), verification
     caplog.clear()
-    x = torch.randn(64, 1000, device="cuda") * 40
-    torch._dynamo.reset()
-    with torch.no_grad(), caplog.at_level("INFO", logger="cuda_agent"):
-        torch.testing.assert_close(torch.compile(Softmax(), backend="cuda_agent", options={"mode": "cached"})(x),
-                                   torch.softmax(x, -1))
+    _compile_softmax(caplog, {"mode": "cached"}, torch.randn(64, 1000, device="cuda"))
     assert runtime.registered(key) is None and not any("rejected here" in r.message for r in caplog.records)
 
 
