@@ -193,7 +193,7 @@ class Dispatcher:
         if shared is None or shared.entry.source == lookup.entry.source:
             return lookup
         if shared.trusted:
-            self.cache.put(key, shared.entry)  # in place of the refusal, as a lookup copies a trusted entry
+            self.cache.adopt(key, shared.entry)  # in place of the refusal, as a lookup copies a trusted entry
         return shared
 
     def _decision(self, task: Task, digest: str, entry) -> Decision:

@@ -157,8 +157,12 @@ class KernelCache:
             return Lookup(entry, self.local.name, trusted=True)
         shared = self.shared(key)
         if shared is not None and shared.trusted:
-            self.local.store.put({key.digest: shared.entry.to_json()}, last_used={key.digest: time.time()})
+            self.adopt(key, shared.entry)
         return shared
+
+    def adopt(self, key: CacheKey, entry: Entry) -> None:
+        """Copy a trusted entry of another layer to the local cache as it is (signature kept)."""
+        self.local.store.put({key.digest: entry.to_json()}, last_used={key.digest: time.time()})
 
     def shared(self, key: CacheKey) -> Lookup | None:
         """The best entry for `key` in the layers other than the local one: the first signed with
