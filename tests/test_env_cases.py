@@ -10,6 +10,10 @@ import torch
 
 from agent_backend.env import Environment, Timeouts
 from agent_backend.env.candidate_loader import load_task
+from agent_backend.env.guards import GlobalSwitches, PatchFingerprint
+from agent_backend.env.results import precision_settings
+from agent_backend.env.verify import CpuRunner, Verifier
+from agent_backend.env.worker import _settle_torch
 from agent_backend.specs import Candidate, Task, TensorSpec, random_inputs
 
 _PROGRAM = """\
@@ -90,6 +94,24 @@ def add_relu_task(device: str = "cpu", shape=(32, 64), dtype: str = "float32") -
     spec = contiguous(shape, dtype, device)
     return make_task(f"add_relu_{device}_{dtype}", "return aten.relu.default(aten.add.Tensor(in0, in1))",
                      [spec, spec], [spec], "pointwise", ("aten.add.Tensor", "aten.relu.default"))
+
+
+class AddRelu(torch.nn.Module):
+    """add_relu_task's program as an in-process module, `shift` off where asked."""
+
+    def __init__(self, shift: float = 0.0):
+        super().__init__()
+        self.shift = shift
+
+    def forward(self, a, b):
+        return torch.relu(a + b) + self.shift
+
+
+def cpu_verifier(candidate: torch.nn.Module, reference: torch.nn.Module, task: Task | None = None) -> Verifier:
+    """An in-process verifier of `task` (add_relu_task's) on the CPU, taken as a worker takes it."""
+    _settle_torch()  # what torch patches into itself on first use is not the candidate's doing
+    return Verifier(candidate, reference, task or add_relu_task(), torch.device("cpu"), precision_settings(None),
+                    CpuRunner(), GlobalSwitches("cpu"), PatchFingerprint(), seed=0)
 
 
 def sum_diff_task(device: str = "cpu", shape=(16, 8)) -> Task:

@@ -1,19 +1,13 @@
 """The float64 accuracy check's parts, on the CPU: the float64 evaluation ignores the program's
 own roundings, the error measure, and the bar a candidate must meet; a task whose float64
 evaluation does not fit in memory is verified without it."""
-import gc
 import math
-import weakref
 
 import pytest
 import torch
 
 from agent_backend.env import compare, float64
-from agent_backend.env.guards import GlobalSwitches, PatchFingerprint
-from agent_backend.env.results import precision_settings
-from agent_backend.env.verify import VERIFICATION_PLAN, CpuRunner, Verifier
-from agent_backend.env.worker import _settle_torch
-from test_env_cases import add_relu_task
+from test_env_cases import AddRelu, cpu_verifier
 
 
 class RoundsToBf16(torch.nn.Module):
@@ -91,72 +85,13 @@ class RunsOutOfMemoryInFloat64(torch.nn.Module):
         return torch.relu(a + b)
 
 
-class AddRelu(torch.nn.Module):
-    def __init__(self, shift: float = 0.0):
-        super().__init__()
-        self.shift = shift
-
-    def forward(self, a, b):
-        return torch.relu(a + b) + self.shift
-
-
-def _verifier(candidate: torch.nn.Module, reference: torch.nn.Module) -> Verifier:
-    """An in-process verifier on the CPU, taken as a worker takes it."""
-    _settle_torch()  # what torch patches into itself on first use is not the candidate's doing
-    return Verifier(candidate, reference, add_relu_task(), torch.device("cpu"), precision_settings(None),
-                    CpuRunner(), GlobalSwitches("cpu"), PatchFingerprint(), seed=0)
-
-
-class RecordsItsOutputs(AddRelu):
-    """AddRelu keeping a weak reference to each output it returns in its own dtype."""
-
-    def __init__(self):
-        super().__init__()
-        self.outputs = []
-
-    def forward(self, a, b):
-        out = super().forward(a, b)
-        if out.dtype != torch.float64:  # not the float64 evaluation's
-            self.outputs.append(weakref.ref(out))
-        return out
-
-
-class RecordsItsInputs(AddRelu):
-    """AddRelu keeping a weak reference to its first input on each call."""
-
-    def __init__(self):
-        super().__init__()
-        self.inputs = []
-
-    def forward(self, a, b):
-        self.inputs.append(weakref.ref(a))
-        return super().forward(a, b)
-
-
-def test_only_the_latest_trials_inputs_copies_and_references_stay_alive():
-    """The reference's outputs, the candidate's copies and the inputs stay alive only while their
-    trial is the latest (the trial reusing inputs reuses the latest's; addresses still never repeat:
-    test_env_verify): seven trials' worth of them had filled an H200. Timing lets go of the latest
-    trial's too."""
-    candidate, reference = RecordsItsInputs(), RecordsItsOutputs()
-    verifier = _verifier(candidate, reference)
-    assert verifier.run() is None
-    gc.collect()
-    latest_only = [False] * (len(VERIFICATION_PLAN) - 1) + [True]
-    assert [r() is not None for r in reference.outputs] == latest_only
-    assert [r() is not None for r in candidate.inputs] == latest_only
-    verifier.before_timing()
-    gc.collect()
-    assert not any(r() is not None for r in reference.outputs + candidate.inputs)
-
-
 def test_a_float64_evaluation_out_of_memory_leaves_the_check_out_and_the_candidate_judged():
-    verifier = _verifier(AddRelu(), RunsOutOfMemoryInFloat64())
+    verifier = cpu_verifier(AddRelu(), RunsOutOfMemoryInFloat64())
     assert verifier.run() is None
     assert verifier.details()["float64_note"] == "the task evaluated in float64 does not fit in memory"
     assert verifier.details()["float64_err"] == 0.0
     # Values are still compared with the reference's.
-    failure = _verifier(AddRelu(shift=1.0), RunsOutOfMemoryInFloat64()).run()
+    failure = cpu_verifier(AddRelu(shift=1.0), RunsOutOfMemoryInFloat64()).run()
     assert failure.status == "incorrect" and "elements differ" in failure.reason
 
 

@@ -46,6 +46,7 @@ from agent_backend.env.compare import (bitwise_equal, compare_values, differing_
                                        tolerance)
 from agent_backend.env.guards import REAL, GlobalSwitches, PatchFingerprint, PoisonedAllocations, StateWatch
 from agent_backend.env.results import Failure
+from agent_backend.env.retained import Retained, retention_budget, span_bytes, tensor_bytes
 from agent_backend.specs import Task, TensorSpec, random_inputs
 
 
@@ -278,18 +279,22 @@ class Verifier:
         self.float64_ref_err = 0.0  # the reference's, on the same inputs
         self.float64_note: str | None = None  # why there is no float64 evaluation
         self.judged_by_float64: list[str] = []  # input sets where the reference strayed, the candidate did not
-        # Every output returned so far stays alive, so its memory is never handed out again and
+        # The outputs returned so far stay alive, so their memory is never handed out again and
         # a candidate returning the same buffer twice is seen doing so. Inputs stay alive for the
-        # latest trial only; the address ranges of all of them are kept instead, and new inputs
+        # latest trial only; the address ranges of earlier ones are kept instead, and new inputs
         # are never placed in one (_fresh_blanks): pointers repeat only where a trial reuses
-        # inputs on purpose. The copies and the reference's outputs stay for the latest trial
-        # only too: a result cached by input pointer (the reusing trial follows the one whose
-        # inputs it reuses) or by shape (the second trial already fails) returns the previous
-        # trial's bits. Keeping the rest took as much memory again per trial (KernelBench's
-        # 4096 x 393216 softmax fp32: 114 GB of an H200 by the fifth trial).
+        # inputs on purpose. Both within a budget (retained.py): where a task's tensors are too
+        # large for it, only the newest calls' are kept, at least the previous call's (a wrong
+        # result replayed from an older one still fails on its values). The copies and the
+        # reference's outputs stay for the latest trial only: a result cached by input pointer
+        # (the reusing trial follows the one whose inputs it reuses) or by shape (the second trial
+        # already fails) returns the previous trial's bits. Keeping the rest took as much memory
+        # again per trial (KernelBench's 4096 x 393216 softmax fp32: 114 GB of an H200 by the
+        # fifth trial).
+        budget = retention_budget(device)
         self._latest: _Trial | None = None
-        self._input_spans: list[tuple[str, int, int]] = []
-        self._returned: list[torch.Tensor] = []
+        self._input_spans: Retained[tuple[str, int, int]] = Retained(budget, span_bytes)
+        self._returned: Retained[torch.Tensor] = Retained(budget, tensor_bytes)
         self._poisoning: PoisonedAllocations | None = None  # of the last forward
 
     def run(self) -> Failure | None:
@@ -310,7 +315,7 @@ class Verifier:
     def keep_returned(self, raw: Any) -> None:
         """Keep what a call outside the trials returned (timing's) alive as the trials' outputs
         are, so a later trial returning the same buffer is seen doing so."""
-        self._returned.extend(t for t in output_list(raw) if isinstance(t, torch.Tensor))
+        self._returned.add([t for t in output_list(raw) if isinstance(t, torch.Tensor)])
 
     def details(self) -> dict:
         details = {
@@ -370,7 +375,7 @@ class Verifier:
                 held.append(blank)
                 blank = blank_like(source)
             blanks.append(blank)
-        self._input_spans.extend(memory_span(b) for b in blanks)
+        self._input_spans.add([memory_span(b) for b in blanks])
         return blanks
 
     def _forward(self, inputs: list[torch.Tensor], recorder: TorchOpRecorder | None) -> Any:
@@ -399,7 +404,7 @@ class Verifier:
             if any(share_memory(out, earlier) for earlier in self._returned):
                 return Failure("rejected", f"output {i} reuses the memory of an output returned by an earlier call: "
                                            "allocate outputs on every call, a caller may still hold the earlier ones")
-        self._returned.extend(outputs)
+        self._returned.add(list(outputs))
         return None
 
     def _reference(self, sources: list[torch.Tensor]) -> list[torch.Tensor]:
