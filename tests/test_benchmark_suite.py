@@ -10,6 +10,7 @@ import torch
 import torch.nn as nn
 
 from agent_backend import gate
+from agent_backend.env import compare as compare_module
 from agent_backend.explain import tasks_of, trace_tasks
 from agent_backend.graph_pass import Decision
 from benchmarks.suite import cli, correctness, kernels, report
@@ -163,6 +164,24 @@ def test_output_names_and_gpu_short_names(tmp_path):
     first_json.write_text("{}")
     again, _ = report.output_paths(tmp_path, "h200", "2026-11-23", dry_run=False)
     assert again.name.endswith("-2026-11-23-2.json")
+
+
+def test_correctness_works_a_chunk_at_a_time_with_the_whole_tensors_peak(monkeypatch):
+    """Chunks of 3 elements: the tolerance still scales with the largest value in any chunk, and
+    an error or a NaN in a later chunk is still found."""
+    monkeypatch.setattr(compare_module, "CHUNK_ELEMENTS", 3)
+    expected = torch.tensor([0.001] * 10 + [1000.0])
+    off_early = expected.clone()
+    off_early[1] += 0.5  # within 1e-3 of the peak, which sits in the last chunk
+    assert correctness.compare([off_early], [expected], "fp32") == {"max_err": pytest.approx(0.5), "within_tol": True}
+    off_late = expected.clone()
+    off_late[9] += 5.0
+    assert correctness.compare([off_late], [expected], "fp32") == {"max_err": pytest.approx(5.0), "within_tol": False}
+    nan_late = expected.clone()
+    nan_late[10] = float("nan")
+    assert correctness.compare([nan_late], [expected], "fp32")["max_err"] is None
+    both_nan = correctness.compare([nan_late], [nan_late], "fp32")
+    assert both_nan == {"max_err": 0.0, "within_tol": False}  # as whole: a NaN peak leaves nothing within
 
 
 def _row(problem, level, group, vs_inductor, verdict="ok", kernels_run=()):

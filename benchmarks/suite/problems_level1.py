@@ -120,7 +120,8 @@ def images(d):
 LONG_ROWS = {"rows": 16, "cols": 393216}
 # A quarter of KernelBench level 1's rows: its batch, 4096, makes 6.4 GB tensors in fp32, which an
 # H200 verifies and times since 2026-11-27 (the verifier keeps only the latest trial's inputs, and
-# timing lets go of it), an 80 GB H100 may not.
+# timing lets go of it) and an H100 since 2026-12-07 (retained.py), where the suite's own process then
+# ran out of memory comparing results (compared a chunk at a time since; not run at that size yet).
 MANY_LONG_ROWS = {"rows": 1024, "cols": 393216}
 WIDE = {"rows": 4096, "cols": 8192}
 SMALL_ROWS = {"rows": 4, "cols": 64}
