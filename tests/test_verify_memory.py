@@ -121,7 +121,8 @@ def test_beyond_the_budget_only_the_latest_output_stays_alive(one_byte_budget):
 
 def test_beyond_the_budget_an_output_buffer_returned_again_is_still_rejected(one_byte_budget):
     failure = cpu_verifier(ReturnsOneBuffer(), AddRelu()).run()
-    assert failure.status == "rejected" and "reuses the memory of an output returned by an earlier call" in failure.reason
+    assert failure.status == "rejected"
+    assert "reuses the memory of an output returned by an earlier call" in failure.reason
 
 
 def test_beyond_the_budget_inputs_still_keep_out_of_the_previous_trials_addresses(one_byte_budget):
