@@ -365,9 +365,10 @@ class Verifier:
                 or self._compare(call, sources, inputs, where))
 
     def _fresh_blanks(self, sources: list[torch.Tensor]) -> list[torch.Tensor]:
-        """Blank inputs for `sources` at addresses no earlier trial's inputs had: a blank that
-        lands in one (the allocator hands freed memory out again) is held aside while the next
-        is allocated, then let go."""
+        """Blank inputs for `sources` at addresses no kept earlier trial's inputs had (all of
+        them within the retention budget, the previous trial's always): a blank that lands in one
+        (the allocator hands freed memory out again) is held aside while the next is allocated,
+        then let go."""
         held, blanks = [], []
         for source in sources:
             blank = blank_like(source)
