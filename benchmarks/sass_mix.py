@@ -27,6 +27,8 @@ import tempfile
 from collections import Counter
 from pathlib import Path
 
+import torch
+
 from agent_backend.explain import tasks_of, trace_tasks
 from agent_backend.specs import Task
 from benchmarks.suite.problem import build
@@ -89,15 +91,23 @@ def _elements_a_thread(candidate, task: Task) -> float:
     return build_plan(task).row_length / (params["threads"] * params["cluster"] * params["split"])
 
 
-def problem_mixes(name: str, dtype: str, arch: str) -> list[tuple[Task, list[Mix]]]:
-    """Each template task of suite problem `name` (traced on the CPU at its full size) and the
-    mixes of its candidates."""
+def problem_tasks(name: str, dtype: str) -> list[Task]:
+    """The tasks of suite problem `name` as the suite runs it, traced on the CPU at its full size
+    (for the GPU): an inference problem under no_grad, as problem.make_call runs it (with grad on,
+    a norm's graph also returns its mean and rstd in fp32, so a kernel counted so took no fast
+    fp16/bf16 forms where the suite's did)."""
     (problem,) = select(only=[name])
     model, inputs = build(problem, dtype, "cpu", small=False)
+    with torch.enable_grad() if problem.train else torch.no_grad():
+        reports = trace_tasks(model, inputs, backward=problem.train, min_ops=1)
+    return [task.on_device("cuda") for task in tasks_of(reports)]
+
+
+def problem_mixes(name: str, dtype: str, arch: str) -> list[tuple[Task, list[Mix]]]:
+    """Each template task of suite problem `name` (problem_tasks) and the mixes of its candidates."""
     found = []
     with tempfile.TemporaryDirectory() as workdir:
-        for task in tasks_of(trace_tasks(model, inputs, backward=problem.train, min_ops=1)):
-            task = task.on_device("cuda")
+        for task in problem_tasks(name, dtype):
             template = TEMPLATES.get(task.kind)
             if template is None or template.supports(task) is not None:
                 continue

@@ -7,7 +7,7 @@ import shutil
 import pytest
 import torch
 
-from benchmarks.sass_mix import kernel_mix, kernel_sass, main, nvdisasm
+from benchmarks.sass_mix import kernel_mix, kernel_sass, main, nvdisasm, problem_tasks
 from skills.rows import propose
 from test_rows_template import case_task, resized
 
@@ -46,3 +46,13 @@ def test_a_persistent_clusters_row_barrier_waits_for_no_global_memory(dtype, tmp
 def test_the_command_names_a_problem_it_does_not_know():
     with pytest.raises(ValueError, match="no problem named"):
         main(["no_such_problem"])
+
+
+def test_an_inference_problems_tasks_are_traced_as_the_suite_runs_them():
+    """Under no_grad, as the suite times it: a LayerNorm + tanh GELU's row task writes only its
+    bf16 output, so its GELU takes the fast forms (traced with grad on, it also wrote the norm's
+    mean and rstd in fp32 and took none)."""
+    (task,) = [t for t in problem_tasks("layernorm_gelu", "bf16") if t.kind == "reduction"]
+    assert [o.torch_dtype for o in task.outputs] == [torch.bfloat16]
+    (candidate, *_) = propose(task)
+    assert "pw_one_plus_tanh_fast(" in candidate.source
