@@ -531,6 +531,11 @@ def test_a_softmax_held_in_registers_keeps_its_online_terms_for_its_output(dtype
     assert bool(re.search(rescale, kernel)) == kept
     epilogue = kernel[kernel.rindex("for (int e = 0;"):]
     assert ("pw_exp" in epilogue) != kept and ("buf0" in epilogue) != kept
+    # a kept term over the sum: the rescale and the sum's reciprocal multiplied once a row, one
+    # multiply an element
+    scale = rf"const float {term.acc}_scale = {term.acc}_rescale \* (rcp\d+);"
+    assert bool(re.search(scale, kernel)) == kept and ("* rcp" in epilogue) != kept
+    assert (f"= keep_{term.kept[0]}[e][v] * {term.acc}_scale;" in epilogue) == kept
     first_value = kept and launch.split > 1 and dtype == bf16  # an fp32 output's terms keep the max's rounding
     assert bool(re.search(r"if \(e == 0 && v == 0\) acc\d+_top = floorf\(fmaxf\([av]\d+, ", kernel)) == first_value
     assert bool(re.search(r"if \(!\(acc\d+ - acc\d+_top <= 64.0f\)\) {\n *acc\d+_top = fmaxf", kernel)) == first_value

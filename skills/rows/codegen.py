@@ -652,20 +652,18 @@ extern "C" __global__ void __launch_bounds__({self._bounds()}) {name}({", ".join
         accesses `held` (the plan's stored ones unless given) are read from their on-chip copies,
         the others from global memory."""
         held = self.plan.stored if held is None else held
+        per_row = []
         if self._keeps:
             per_element_end = [f"{KEPT}{var}[e][v] = {var};" for _, var in work.keeps] + list(per_element_end)
             if work.reusing:
                 takes = tuple(f"const {ctype} {var} = {KEPT}{var}[e][v];" for ctype, var in work.reusing.takes)
                 work = replace(work, reads=work.reusing.reads, body=takes + work.reusing.body)
-            rescales = {p.kept[0]: f"{p.acc}_rescale" for p in self._kept_terms}
-            if work.rescaled and rescales:  # each exp as its term was kept, times exp(that max - the row's)
-                takes = tuple(f"const {ctype} {var} = {KEPT}{var}[e][v] * {rescales[var]};"
-                              for ctype, var in work.rescaled.takes)
-                work = replace(work, reads=work.rescaled.reads, body=takes + work.rescaled.body)
+            if work.rescaled and self._kept_terms:
+                work, per_row = self._rescaled(work, per_element_end)
         if self.L > 1 and not self.plan.along_rows:  # each of the thread's rows: its lane of each vector across them
             reads = [f"const {self._buffer_type(k)} l{k} = {self._global_read(k)};"
                      for k in work.reads if k not in held]
-            return self._loop(reads + [line for w in range(self.L) for line in self._in_lane(
+            return self._lanes(per_row) + self._loop(reads + [line for w in range(self.L) for line in self._in_lane(
                 self._element_values(work.reads, lambda k: self._lane_of(k, w)) + list(work.body)
                 + list(per_element_end), w)])
         # along rows: each vector an access reads for all of the thread's rows (one row, or
@@ -687,7 +685,27 @@ extern "C" __global__ void __launch_bounds__({self._bounds()}) {name}({", ".join
         body = (reads + self._lanes(list(before))
                 + ["#pragma unroll", f"for (int v = 0; v < {self.V}; ++v) {{"]
                 + ["  " + line for line in inner] + ["}"] + self._lanes(list(per_vector_end)))
-        return self._loop(body)
+        return self._lanes(per_row) + self._loop(body)
+
+    def _rescaled(self, work: Pass, per_element_end: list[str]) -> tuple[Pass, list[str]]:
+        """The sweep's work taking each kept term (Partial.kept) times exp(the max it was taken
+        against - the row's max), and the per-row lines to run before it. A term whose one use is a
+        multiply by a row's reciprocal (softmax's exp / its sum: plan._reciprocal) is multiplied by
+        the two factors' product, taken once a row (<acc>_scale): one multiply an element fewer after
+        the row's barrier, two roundings as before."""
+        rescales = {p.kept[0]: f"{p.acc}_rescale" for p in self._kept_terms}
+        body, takes, per_row = list(work.rescaled.body), [], []
+        for ctype, var in work.rescaled.takes:
+            uses = [i for i, line in enumerate(body) if re.search(rf"\b{var}\b", line)]
+            product = re.fullmatch(rf"const float (v\d+) = \({var} \* (rcp\d+)\);", body[uses[0]]) if (
+                len(uses) == 1 and not any(re.search(rf"\b{var}\b", line) for line in per_element_end)) else None
+            if product:
+                scale = rescales[var].removesuffix("_rescale") + "_scale"
+                per_row.append(f"const float {scale} = {rescales[var]} * {product[2]};")
+                body[uses[0]] = f"const float {product[1]} = {KEPT}{var}[e][v] * {scale};"
+            else:
+                takes.append(f"const {ctype} {var} = {KEPT}{var}[e][v] * {rescales[var]};")
+        return replace(work, reads=work.rescaled.reads, body=tuple(takes + body)), per_row
 
     def _lane_of(self, k: int, w: int) -> str:
         """Access k's element in the thread's row w: lane w of the vector l<k> read across the rows,
@@ -1050,7 +1068,7 @@ extern "C" __global__ void __launch_bounds__({self._bounds()}) {name}({", ".join
 # workspace slots) and its index: what a thread taking several rows keeps once for each.
 # (acc<k>_v, _y, _from, _at, _top: a vector's staged sum, an online sum's vector, its max before it,
 # its max before shuffles, the max taken first)
-_LANE_LOCAL = re.compile(r"\b((?:a|v|acc|red|fin|ws|rcp)\d+(?:_v|_y|_from|_at|_top|_rescale)?)\b")
+_LANE_LOCAL = re.compile(r"\b((?:a|v|acc|red|fin|ws|rcp)\d+(?:_v|_y|_from|_at|_top|_rescale|_scale)?)\b")
 _ROW = re.compile(r"\brow\b")
 
 
