@@ -697,8 +697,9 @@ extern "C" __global__ void __launch_bounds__({self._bounds()}) {name}({", ".join
         body, takes, per_row = list(work.rescaled.body), [], []
         for ctype, var in work.rescaled.takes:
             uses = [i for i, line in enumerate(body) if re.search(rf"\b{var}\b", line)]
-            product = re.fullmatch(rf"const float (v\d+) = \({var} \* (rcp\d+)\);", body[uses[0]]) if (
-                len(uses) == 1 and not any(re.search(rf"\b{var}\b", line) for line in per_element_end)) else None
+            used_after = any(re.search(rf"\b{var}\b", line) for line in per_element_end)
+            only_use = body[uses[0]] if len(uses) == 1 and not used_after else ""
+            product = re.fullmatch(rf"const float (v\d+) = \({var} \* (rcp\d+)\);", only_use)
             if product:
                 scale = rescales[var].removesuffix("_rescale") + "_scale"
                 per_row.append(f"const float {scale} = {rescales[var]} * {product[2]};")
