@@ -57,6 +57,11 @@ inline float pw_exp_fast_bounded(float x) {
 inline float pw_sigmoid_fast(float x) { return pw_div_fast(1.0f, 1.0f + pw_exp_fast_ftz(-x)); }
 inline float pw_silu_fast(float x) { return pw_div_fast(x, 1.0f + pw_exp_fast_ftz(-x)); }
 inline float pw_one_plus_tanh_fast(float z) { return 2.0f / (1.0f + pw_exp_fast_ftz(-2.0f * z)); }
+inline float pw_gelu_tanh_fast(float x, float a, float b) {
+  const float y = exp2f(x * fmaf(b, x * x, a));
+  const float r = 1.0f / (1.0f + (y < 1.17549435e-38f ? 0.0f : y));
+  return x * (r < 1.17549435e-38f ? 0.0f : r);
+}
 """
 
 # codegen.PREFETCH_FUNCTION: each thread's copy done at once (it reads only its own slots after the wait).

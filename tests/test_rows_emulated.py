@@ -6,10 +6,12 @@ clusters, slices of unequal length) at sizes the emulator runs quickly. What onl
 (speed, alignment, occupancy) is test_rows_gpu.py's."""
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from agent_backend.env.verify import WIDE_DRAW, InputDraw
 from agent_backend.specs import Task, random_inputs
@@ -251,6 +253,30 @@ def test_kept_terms_far_above_a_threads_first_value_are_taken_again_against_its_
     inputs[0][1] = torch.linspace(-100, 100, 2000)
     got = run(source, "k", launch_arguments(plan, launch), inputs, list(task.outputs), tmp_path)
     assert_computes_the_task(task, inputs, tuple(got), str(launch))
+
+
+def test_a_fast_tanh_gelu_over_its_whole_range_computes_the_task(tmp_path):
+    """A bf16 LayerNorm + tanh GELU in one function (ops.pw_gelu_tanh_fast) computes the task to
+    the verifier's accuracy where the GELU's input spans about -40 to 40: far below 0 its exp
+    overflows and its reciprocal flushes (-0, where the graph's tanh has rounded to -1), and from
+    about -6 to -10 it keeps values the graph's fp32 tanh rounds away."""
+    task = case_task("layernorm_gelu_tanh", torch.bfloat16)
+    plan = build_plan(task)
+    launch = launch_configs(plan)[0]
+    source = kernel_source(plan, "k", launch)
+    assert "pw_gelu_tanh_fast(" in source
+    x, weight, bias = random_inputs(task.inputs, 0, device="cpu")
+    x[:] = torch.linspace(-3, 3, x.shape[-1])  # normalized to about -1.7 .. 1.7
+    weight[:] = 24.0
+    got = run(source, "k", launch_arguments(plan, launch), [x, weight, bias], list(task.outputs), tmp_path)
+    assert_computes_the_task(task, [x, weight, bias], tuple(got), str(launch))
+    # and within a bf16 ulp of the GELU in float64 everywhere, as x sigmoid(2 z) (the graph's
+    # 1 + tanh(z) cancels far below 0 even in float64; the verifier's bounds, relative to the
+    # output's scale, would pass an exponent a few percent off); below 1e-35 it may flush
+    h = F.layer_norm(x.double(), x.shape[-1:], weight.double(), bias.double())
+    exact = h * torch.sigmoid(2 * math.sqrt(2 / math.pi) * (h + 0.044715 * h**3))
+    error = (got[0].double() - exact).abs()
+    assert bool((error <= 2.0**-7 * exact.abs() + 1e-35).all()), float((error / exact.abs()).max())
 
 
 # Exps and variances over long rows, each path once: terms kept against a thread's first value

@@ -5,6 +5,7 @@ test_rows_gpu.py's job (it reuses CASES and traced_row_tasks from here)."""
 from __future__ import annotations
 
 import functools
+import math
 import re
 import shutil
 import subprocess
@@ -285,6 +286,32 @@ def test_one_plus_tanh_is_the_fast_sigmoid_form_where_results_are_bf16():
     inputs = [_randn((8, 1000), bf16, "cpu"), _randn((1000,), bf16, "cpu").requires_grad_()]
     (task,) = traced_row_tasks(training, inputs)
     assert not any("one_plus_tanh" in line for line in build_plan(_on_cuda(task)).epilogue.body)
+
+
+def test_a_decomposed_tanh_gelu_is_one_fast_function_where_results_are_bf16():
+    """0.5 x (1 + tanh(c (x + k x^3))) becomes x / (1 + exp(-2 c (x + k x^3))) in one function
+    (ops.pw_gelu_tanh_fast), its exp's argument x (a + b x^2) in log2 units with a = -2 c log2(e)
+    and b = a k, where every output is bf16, its operands in any order; not in fp32, nor where the
+    chain is another (a cube by pow keeps the fast 1 + tanh alone)."""
+    def gelu_line(task) -> list[str]:
+        return [line for line in build_plan(task).epilogue.body if "pw_gelu_tanh_fast(" in line]
+
+    (line,) = gelu_line(case_task("layernorm_gelu_tanh", bf16))
+    a, b = map(float, re.fullmatch(r"const float v\d+ = pw_gelu_tanh_fast\(v\d+, (\S+)f, (\S+)f\);", line).groups())
+    c = math.sqrt(2 / math.pi)
+    assert a == pytest.approx(-2 * c * math.log2(math.e), rel=1e-6) and b == pytest.approx(a * 0.044715, rel=1e-6)
+    assert not gelu_line(case_task("layernorm_gelu_tanh", f32))
+    inputs = [_randn((8, 1000), bf16, "cpu")]
+    def swapped_gelu(h):
+        return (1 + torch.tanh(0.8 * ((h * h) * h * 0.04 + h))) * (0.5 * h)
+    swapped = Fn(lambda x: swapped_gelu(F.layer_norm(x, (1000,))))
+    (task,) = traced_row_tasks(swapped, inputs)
+    (line,) = gelu_line(_on_cuda(task))
+    assert float(line.split(", ")[1].rstrip("f")) == pytest.approx(-2 * 0.8 * math.log2(math.e), rel=1e-6)
+    by_pow = Fn(lambda x: (lambda h: 0.5 * h * (1 + torch.tanh(0.8 * (h + 0.04 * h.pow(3)))))(F.layer_norm(x, (1000,))))
+    (task,) = traced_row_tasks(by_pow, inputs)
+    body = build_plan(_on_cuda(task)).epilogue.body
+    assert not gelu_line(_on_cuda(task)) and any("pw_one_plus_tanh_fast(" in line for line in body)
 
 
 def test_kept_values_live_in_registers_only():

@@ -390,6 +390,17 @@ __device__ __forceinline__ float pw_one_plus_tanh_fast(float z) {
   asm("rcp.approx.f32 %0, %1;" : "=f"(r) : "f"(1.0f + pw_exp_fast_ftz(-2.0f * z)));
   return 2.0f * r;
 }
+// A tanh GELU, 0.5 x (1 + tanh(c (x + k x^3))) = x / (1 + exp(-2 c (x + k x^3))), with the exp's
+// argument in log2 units as x (a + b x^2), a = -2 c log2(e), b = a k (rows plan._gelu_tanh): an
+// ex2, a rcp and five more instructions. The rcp flushes results below 2^-126 (x under about -10),
+// which sm_90 otherwise guards with a compare, a select and two multiplies an element; there
+// 0.5 x (1 + tanh) is 0 too, tanh having rounded to -1 from x = -6 on (where this form is nearer).
+__device__ __forceinline__ float pw_gelu_tanh_fast(float x, float a, float b) {
+  float y, r;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x * fmaf(b, x * x, a)));
+  asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(1.0f + y));
+  return x * r;
+}
 """
 
 # Exact, so not a fast form: every kernel has them (the emulator, none: it takes the templates).

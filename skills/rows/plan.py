@@ -530,7 +530,7 @@ class _Program:
         args = OpArgs({k: self.values[v] if isinstance(v, Node) else v for k, v in bound.items()}, dtype,
                       round_operands=rule.kind != "any", fast_fp32=self.low_precision_outputs)
         info = operand_info(meta.dtype)  # an index made by a where (cross-entropy's masked target)
-        expr = (self._one_plus_tanh(node, bound, args) or self._summed_exp(node, args)
+        expr = (self._gelu_tanh(node, args) or self._one_plus_tanh(node, bound, args) or self._summed_exp(node, args)
                 or self._exp_below_max(node, args) or rule.render(args))
         if self._by_reciprocal(node, bound, args):
             other = bound["other"]
@@ -542,6 +542,22 @@ class _Program:
         found = _exp_less_max(node)
         if found and not found[2] and dtype == torch.float32 and expr.count(args["self"]) == 1:
             self.exp_forms[node] = expr.replace(args["self"], "{}"), self.var(found[1])
+
+    def _gelu_tanh(self, node: Node, args: OpArgs) -> str | None:
+        """0.5 x (1 + tanh(c (x + k x^3))), a decomposed tanh GELU, where every result is rounded
+        to fp16/bf16, as x / (1 + exp(-2 c (x + k x^3))), the exp's argument x (a + b x^2) with
+        a = -2 c log2(e), b = a k (ops.pw_gelu_tanh_fast): seven instructions where the chain with
+        the fast 1 + tanh took thirteen (a LayerNorm + GELU over 8192 x 4096 bf16, held in
+        registers, counted 35.2 an element, benchmarks/sass_mix.py; with its exp, rcp and three
+        conversions an element it cannot keep up with the memory)."""
+        found = _gelu_tanh_parts(node) if args.fast else None
+        if found is None:
+            return None
+        x, c, k = found
+        a = -2.0 * c * math.log2(math.e)
+        v = self.values[x]
+        return (f"pw_gelu_tanh_fast({cast(v.var, dtype_info(v.dtype).ctype, 'float')}, {literal(a, 'float')}, "
+                f"{literal(a * k, 'float')})")
 
     def _one_plus_tanh(self, node: Node, bound: dict, args: OpArgs) -> str | None:
         """1 + tanh(z), where every result is rounded to fp16/bf16, as the fast 2 sigmoid(2 z)
@@ -840,6 +856,57 @@ class _Program:
 def needs_wide_index(elements: int, specs) -> bool:
     """Whether offsets up to `elements`, or into the storage of any of `specs`, need 64 bits."""
     return elements >= 2**31 or any(s.storage_elements() >= 2**31 for s in specs)
+
+
+def _binary(node, target) -> tuple | None:
+    """The two operands of `node` where it is `target` (an add's alpha 1), else None."""
+    if not isinstance(node, Node) or node.target is not target or len(node.args) != 2:
+        return None
+    return tuple(node.args) if bind_arguments(node).get("alpha") in (None, 1) else None
+
+
+def _times_constant(node) -> tuple[Node, float] | None:
+    """(x, c) where `node` is x * c or c * x, c a Python number."""
+    operands = _binary(node, aten.mul.Tensor)
+    if operands is None:
+        return None
+    x, c = operands if isinstance(operands[0], Node) else operands[::-1]
+    return (x, float(c)) if isinstance(x, Node) and type(c) in (int, float) else None
+
+
+def _gelu_tanh_parts(node: Node) -> tuple[Node, float, float] | None:
+    """(x, c, k) where `node` is 0.5 x (1 + tanh(c (x + k x^3))) as torch decomposes a tanh GELU
+    (x^3 as (x x) x; each op's operands in either order)."""
+    operands = _binary(node, aten.mul.Tensor)
+    for half, one_plus in (operands, operands[::-1]) if operands else ():
+        scaled, tanh = _times_constant(half), _tanh_plus_one(one_plus)
+        if scaled is None or scaled[1] != 0.5 or tanh is None:
+            continue
+        x = scaled[0]
+        inner = _times_constant(tanh.args[0])  # c (x + k x^3)
+        summed = _binary(inner[0], aten.add.Tensor) if inner else None  # x + k x^3
+        cubed = _times_constant(_other_than(summed, x)) if summed else None  # k x^3
+        if cubed is not None and _is_cube(cubed[0], x):
+            return x, inner[1], cubed[1]
+    return None
+
+
+def _tanh_plus_one(node) -> Node | None:
+    """The tanh where `node` is tanh(z) + 1 or 1 + tanh(z)."""
+    operands = _binary(node, aten.add.Tensor)
+    return next((t for t, one in (operands, operands[::-1]) if isinstance(t, Node) and t.target is aten.tanh.default
+                 and type(one) in (int, float) and one == 1), None) if operands else None
+
+
+def _other_than(pair: tuple, x: Node):
+    """The operand of `pair` beside `x`, where one of them is `x`."""
+    return pair[1] if pair[0] is x else pair[0] if pair[1] is x else None
+
+
+def _is_cube(node, x: Node) -> bool:
+    """Whether `node` is (x x) x or x (x x)."""
+    operands = _binary(node, aten.mul.Tensor)
+    return operands is not None and _binary(_other_than(operands, x), aten.mul.Tensor) == (x, x)
 
 
 def _exp_less_max(node: Node) -> tuple[Node, Node, bool] | None:
