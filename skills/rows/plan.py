@@ -530,7 +530,7 @@ class _Program:
         args = OpArgs({k: self.values[v] if isinstance(v, Node) else v for k, v in bound.items()}, dtype,
                       round_operands=rule.kind != "any", fast_fp32=self.low_precision_outputs)
         info = operand_info(meta.dtype)  # an index made by a where (cross-entropy's masked target)
-        expr = (self._gelu_tanh(node, args) or self._one_plus_tanh(node, bound, args) or self._summed_exp(node, args)
+        expr = (self._gelu_tanh(node, args) or self._one_plus_tanh(node, args) or self._summed_exp(node, args)
                 or self._exp_below_max(node, args) or rule.render(args))
         if self._by_reciprocal(node, bound, args):
             other = bound["other"]
@@ -559,15 +559,12 @@ class _Program:
         return (f"pw_gelu_tanh_fast({cast(v.var, dtype_info(v.dtype).ctype, 'float')}, {literal(a, 'float')}, "
                 f"{literal(a * k, 'float')})")
 
-    def _one_plus_tanh(self, node: Node, bound: dict, args: OpArgs) -> str | None:
+    def _one_plus_tanh(self, node: Node, args: OpArgs) -> str | None:
         """1 + tanh(z), where every result is rounded to fp16/bf16, as the fast 2 sigmoid(2 z)
         (ops.pw_one_plus_tanh_fast): the tanh GELU of a decomposed graph spent a quarter of
         LayerNorm + GELU's time in tanhf (an H200, 8192 x 4096 bf16: 64 us, 47 us without it)."""
-        operands = [bound.get("self"), bound.get("other")]
-        tanh = next((v for v in operands if isinstance(v, Node) and v.target is aten.tanh.default), None)
-        one = next((v for v in operands if v is not tanh), None)
-        if (node.target is not aten.add.Tensor or not args.fast or tanh is None or bound.get("alpha") not in (None, 1)
-                or type(one) not in (int, float) or one != 1):
+        tanh = _tanh_plus_one(node) if args.fast else None
+        if tanh is None:
             return None
         z = self.values[tanh.args[0]]
         return f"pw_one_plus_tanh_fast({cast(z.var, dtype_info(z.dtype).ctype, 'float')})"
