@@ -468,6 +468,9 @@ class _Program:
         # exp(y - max(y)) in fp32 -> its C form ("{}": its argument) and max(y)'s per-row variable
         self.exp_forms: dict[Node, tuple[str, str]] = {}
         self.online_exps: dict[str, Node] = {}  # an online partial's accumulator -> the exp it sums
+        # a node rendered from others than its graph inputs (a tanh GELU's from its x alone): what
+        # _needed walks instead, so the chain it replaced is not computed for it
+        self.reads_of: dict[Node, list[Node]] = {}
         # A bf16 program computes in fp32 (softmax, cross-entropy); where every output is fp16/bf16
         # the fast exp and division (few fp32 ulps: Triton's tl.exp and `/`) are hidden by that rounding
         # and keep an exp-heavy row from being bound by the accurate expf's instructions.
@@ -554,6 +557,7 @@ class _Program:
         if found is None:
             return None
         x, c, k = found
+        self.reads_of[node] = [x]
         a = -2.0 * c * math.log2(math.e)
         v = self.values[x]
         return (f"pw_gelu_tanh_fast({cast(v.var, dtype_info(v.dtype).ctype, 'float')}, {literal(a, 'float')}, "
@@ -840,7 +844,7 @@ class _Program:
             needed.add(n)
             if (n not in stop and n.target is not operator.getitem and n.target not in REDUCTIONS
                     and n.target not in SCANS and n not in self.access_of):
-                stack.extend(n.all_input_nodes)
+                stack.extend(self.reads_of.get(n, n.all_input_nodes))
         return needed
 
     def _work(self, needed: set[Node], takes: list[Node]) -> tuple[tuple[int, ...], tuple, tuple[str, ...]]:
