@@ -23,8 +23,8 @@ from skills.rows.codegen import CLUSTER_SYNC_FUNCTION, PREFETCH_FUNCTION, STREAM
 
 EMULATOR = Path(__file__).with_name("cuda_emulator")
 
-# CONVERSIONS and ops._FAST without inline PTX: _Float16 rounds to nearest even as cvt.rn does;
-# bf16 as the kernels' pre-sm_80 path; the fast forms computed exactly. ops.NAN_MIN_MAX left out:
+# CONVERSIONS without inline PTX: _Float16 rounds to nearest even as cvt.rn does;
+# bf16 as the kernels' pre-sm_80 path. ops.NAN_MIN_MAX left out:
 # max and min by the templates (the pre-sm_80 path).
 _EMULATED_CONVERSIONS = r"""
 struct f16 { unsigned short bits; };
@@ -42,27 +42,40 @@ inline bf16 float_to_bf16(float f) {
 inline float round_f16(float x) { return f16_to_float(float_to_f16(x)); }
 inline float round_bf16(float x) { return bf16_to_float(float_to_bf16(x)); }
 """
-_EMULATED_FAST = r"""
-inline float pw_exp_fast(float x) { return exp2f(x * 1.44269504088896341f); }
-inline float pw_div_fast(float a, float b) { return a / b; }
-inline float pw_exp_fast_ftz(float x) { const float y = pw_exp_fast(x); return y < 1.17549435e-38f ? 0.0f : y; }
-inline float pw_exp_fast_nonpositive(float x) {
-  const float y = exp2f(fmaf(x, 1.44269504088896341f, 64.0f));
-  return (y < 1.17549435e-38f ? 0.0f : y) * 5.42101086242752217e-20f;
-}
-inline float pw_exp_fast_bounded(float x) {
-  const float y = exp2f(fmaf(x, 1.44269504088896341f, 32.0f));
-  return (y < 1.17549435e-38f ? 0.0f : y) * 2.32830643653869629e-10f;
-}
-inline float pw_sigmoid_fast(float x) { return pw_div_fast(1.0f, 1.0f + pw_exp_fast_ftz(-x)); }
-inline float pw_silu_fast(float x) { return pw_div_fast(x, 1.0f + pw_exp_fast_ftz(-x)); }
-inline float pw_one_plus_tanh_fast(float z) { return 2.0f / (1.0f + pw_exp_fast_ftz(-2.0f * z)); }
-inline float pw_gelu_tanh_fast(float x, float a, float b) {
-  const float y = exp2f(x * fmaf(b, x * x, a));
-  const float r = 1.0f / (1.0f + (y < 1.17549435e-38f ? 0.0f : y));
-  return x * (r < 1.17549435e-38f ? 0.0f : r);
-}
+# ops._FAST as it is, each inline-PTX instruction a function of the same result computed exactly,
+# .ftz flushing subnormal inputs and results to zero as sm_90 does: the emulated kernels run the
+# fast forms' own arithmetic and constants, not a copy of them.
+_PTX_FUNCTIONS = r"""
+inline float emu_flush(float x) { return fabsf(x) < 1.17549435e-38f ? copysignf(0.0f, x) : x; }
+inline float emu_ex2(float x) { return exp2f(x); }
+inline float emu_ex2_ftz(float x) { return emu_flush(exp2f(emu_flush(x))); }
+inline float emu_rcp(float x) { return 1.0f / x; }
+inline float emu_rcp_ftz(float x) { return emu_flush(1.0f / emu_flush(x)); }
+inline float emu_div(float a, float b) { return a / b; }
 """
+_PTX_NAMES = {"ex2.approx.f32": "emu_ex2", "ex2.approx.ftz.f32": "emu_ex2_ftz", "rcp.approx.f32": "emu_rcp",
+              "rcp.approx.ftz.f32": "emu_rcp_ftz", "div.full.f32": "emu_div"}
+_ASM = re.compile(r'asm\("([\w.]+) %0(?:, %\d)+;" : "=f"\((\w+)\) : (.*)\);')
+
+
+def _ptx_operands(text: str) -> list[str]:
+    """The expressions of an asm statement's input operands, `"f"(e1), "f"(e2)` -> [e1, e2]."""
+    operands, depth, start = [], 0, 0
+    for i, ch in enumerate(text + ","):
+        depth += {"(": 1, ")": -1}.get(ch, 0)
+        if ch == "," and depth == 0:
+            operand = text[start:i].strip()
+            assert operand.startswith('"f"(') and operand.endswith(")"), operand
+            operands.append(operand[4:-1])
+            start = i + 1
+    return operands
+
+
+def emulated_fast() -> str:
+    """ops._FAST with each asm statement an assignment of the _PTX_FUNCTIONS call it stands for."""
+    body = _ASM.sub(lambda m: f"{m[2]} = {_PTX_NAMES[m[1]]}({', '.join(_ptx_operands(m[3]))});", _FAST)
+    assert "asm(" not in body, "an instruction of ops._FAST the emulator has no function for"
+    return _PTX_FUNCTIONS + body
 
 # codegen.PREFETCH_FUNCTION: each thread's copy done at once (it reads only its own slots after the wait).
 _EMULATED_PREFETCH = r"""
@@ -102,7 +115,7 @@ def _include_dir() -> Path:
 def emulated_source(source: str) -> str:
     """`source` as C++ for the emulator."""
     assert CONVERSIONS in source and _FAST in source
-    source = source.replace(CONVERSIONS, _EMULATED_CONVERSIONS).replace(_FAST, _EMULATED_FAST).replace(NAN_MIN_MAX, "")
+    source = source.replace(CONVERSIONS, _EMULATED_CONVERSIONS).replace(_FAST, emulated_fast()).replace(NAN_MIN_MAX, "")
     source = source.replace(PREFETCH_FUNCTION, _EMULATED_PREFETCH).replace(STREAM_LOAD_FUNCTION, _EMULATED_STREAM_LOAD)
     source = source.replace(CLUSTER_SYNC_FUNCTION, _EMULATED_CLUSTER_SYNC)
     source = source.replace("#include <cooperative_groups.h>\n", "")
@@ -177,3 +190,37 @@ int main(int argc, char** argv) {{
         data = torch.frombuffer(bytearray(path.read_bytes()), dtype=s.torch_dtype)
         results.append(data.as_strided(s.shape, s.stride))
     return results
+
+
+def evaluate_fast(expressions: list[str], x: torch.Tensor, workdir: Path) -> list[torch.Tensor]:
+    """Each C++ expression of a float `x` (calls of ops._FAST's functions, emulated as the
+    kernels have them) evaluated at every element of the fp32 tensor `x`."""
+    cases = "".join(f"    case {k}: return {e};\n" for k, e in enumerate(expressions))
+    main = f"""
+#include <fstream>
+#include <iterator>
+float evaluate(int k, float x) {{
+  switch (k) {{
+{cases}  }}
+  return 0.0f;
+}}
+int main(int argc, char** argv) {{
+  std::ifstream in(argv[1], std::ios::binary);
+  std::vector<char> bytes{{std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()}};
+  std::vector<float> xs(bytes.size() / 4), ys;
+  std::memcpy(xs.data(), bytes.data(), bytes.size());
+  for (int k = 0; k < {len(expressions)}; ++k) for (float x : xs) ys.push_back(evaluate(k, x));
+  std::ofstream(argv[2], std::ios::binary).write(reinterpret_cast<const char*>(ys.data()), ys.size() * 4);
+}}
+"""
+    cpp, exe = workdir / "fast.cpp", workdir / "fast"
+    cpp.write_text('#include "emulator.h"\n' + emulated_fast() + main)
+    build = subprocess.run([compiler(), *FLAGS, f"-I{_include_dir()}", str(cpp), "-o", str(exe)],
+                           capture_output=True, text=True)
+    assert build.returncode == 0, build.stderr[:4000]
+    (workdir / "x").write_bytes(x.to(torch.float32).contiguous().numpy().tobytes())
+    done = subprocess.run([str(exe), str(workdir / "x"), str(workdir / "y")], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr[:4000]
+    ys = torch.frombuffer(bytearray((workdir / "y").read_bytes()), dtype=torch.float32)
+    return list(ys.reshape(len(expressions), x.numel()))
