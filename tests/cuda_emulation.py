@@ -135,6 +135,22 @@ def _flat(t: torch.Tensor) -> bytes:
     return flat.contiguous().view(torch.uint8).numpy().tobytes()
 
 
+def _compiled(cpp_source: str, name: str, workdir: Path) -> Path:
+    """`cpp_source` built against the emulator's header: the executable's path."""
+    cpp, exe = workdir / f"{name}.cpp", workdir / name
+    cpp.write_text(cpp_source)
+    build = subprocess.run([compiler(), *FLAGS, f"-I{_include_dir()}", str(cpp), "-o", str(exe)],
+                           capture_output=True, text=True)
+    assert build.returncode == 0, build.stderr[:4000]
+    return exe
+
+
+def _execute(exe: Path, files: list[Path], timeout: float) -> None:
+    """Run `exe` on `files` (its arguments), which must succeed within `timeout` seconds."""
+    done = subprocess.run([str(exe), *map(str, files)], capture_output=True, text=True, timeout=timeout)
+    assert done.returncode == 0, done.stderr[:4000]
+
+
 def run(source: str, name: str, launch: tuple, inputs: list[torch.Tensor], outputs: list[TensorSpec],
         workdir: Path) -> list[torch.Tensor]:
     """Launch kernel `name` of `source` with launch = (grid, block, shared bytes, cluster,
@@ -170,12 +186,7 @@ int main(int argc, char** argv) {{
   }}
 }}
 """
-    cpp = workdir / f"{name}.cpp"
-    cpp.write_text(emulated_source(source) + main)
-    exe = workdir / name
-    build = subprocess.run([compiler(), *FLAGS, f"-I{_include_dir()}", str(cpp), "-o", str(exe)],
-                           capture_output=True, text=True)
-    assert build.returncode == 0, build.stderr[:4000]
+    exe = _compiled(emulated_source(source) + main, name, workdir)
     files = []
     for k, t in enumerate(inputs):
         files.append(workdir / f"{name}.in{k}")
@@ -183,8 +194,7 @@ int main(int argc, char** argv) {{
     for k, s in enumerate(outputs):
         files.append(workdir / f"{name}.out{k}")
         files[-1].write_bytes(b"\xff" * (s.storage_elements() * s.torch_dtype.itemsize))
-    done = subprocess.run([str(exe), *map(str, files)], capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr[:4000]
+    _execute(exe, files, timeout=600)
     results = []
     for path, s in zip(files[len(inputs):], outputs):
         data = torch.frombuffer(bytearray(path.read_bytes()), dtype=s.torch_dtype)
@@ -213,14 +223,8 @@ int main(int argc, char** argv) {{
   std::ofstream(argv[2], std::ios::binary).write(reinterpret_cast<const char*>(ys.data()), ys.size() * 4);
 }}
 """
-    cpp, exe = workdir / "fast.cpp", workdir / "fast"
-    cpp.write_text('#include "emulator.h"\n' + emulated_fast() + main)
-    build = subprocess.run([compiler(), *FLAGS, f"-I{_include_dir()}", str(cpp), "-o", str(exe)],
-                           capture_output=True, text=True)
-    assert build.returncode == 0, build.stderr[:4000]
+    exe = _compiled('#include "emulator.h"\n' + emulated_fast() + main, "fast", workdir)
     (workdir / "x").write_bytes(x.to(torch.float32).contiguous().numpy().tobytes())
-    done = subprocess.run([str(exe), str(workdir / "x"), str(workdir / "y")], capture_output=True, text=True,
-                          timeout=120)
-    assert done.returncode == 0, done.stderr[:4000]
+    _execute(exe, [workdir / "x", workdir / "y"], timeout=120)
     ys = torch.frombuffer(bytearray((workdir / "y").read_bytes()), dtype=torch.float32)
     return list(ys.reshape(len(expressions), x.numel()))
