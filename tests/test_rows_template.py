@@ -279,8 +279,8 @@ def test_one_plus_tanh_is_the_fast_sigmoid_form_where_results_are_bf16():
     every output is rounded to bf16; in fp32 it stays tanhf's, and so where fp32 statistics are
     saved for a backward (a LayerNorm whose weights train). (torch's own decomposition of the GELU
     is one function: test_a_decomposed_tanh_gelu_is_one_fast_function_where_results_are_bf16.)"""
-    by_pow = Fn(lambda x: (lambda h: 0.5 * h * (1 + torch.tanh(0.8 * (h + 0.04 * h.pow(3)))))(F.layer_norm(x, (1000,))))
-    (task,) = traced_row_tasks(by_pow, [_randn((8, 1000), bf16, "cpu")])
+    gated = Fn(lambda x: (lambda h: h * (1 + torch.tanh(0.8 * h)))(F.layer_norm(x, (1000,))))
+    (task,) = traced_row_tasks(gated, [_randn((8, 1000), bf16, "cpu")])
     fast = build_plan(_on_cuda(task)).epilogue.body
     assert sum("pw_one_plus_tanh_fast(" in line for line in fast) == 1
     assert not any(re.search(r"= \(v\d+ \+ 1\.0f\);", line) for line in fast)
@@ -294,9 +294,9 @@ def test_one_plus_tanh_is_the_fast_sigmoid_form_where_results_are_bf16():
 def test_a_decomposed_tanh_gelu_is_one_fast_function_where_results_are_bf16():
     """0.5 x (1 + tanh(c (x + k x^3))) becomes x / (1 + exp(-2 c (x + k x^3))) in one function
     (ops.pw_gelu_tanh_fast), its exp's argument x (a + b x^2) in log2 units with a = -2 c log2(e)
-    and b = a k, where every output is bf16, its operands in any order; not in fp32, nor where the
-    chain is another (a cube by pow keeps the fast 1 + tanh alone:
-    test_one_plus_tanh_is_the_fast_sigmoid_form_where_results_are_bf16)."""
+    and b = a k, where every output is bf16, its operands in any order and its cube a product or
+    Hugging Face's pow(x, 3.0); not in fp32, nor where the chain is another (a gate without the
+    cube keeps the fast 1 + tanh alone: test_one_plus_tanh_is_the_fast_sigmoid_form_where_results_are_bf16)."""
     def gelu_line(task) -> list[str]:
         return [line for line in build_plan(task).epilogue.body if "pw_gelu_tanh_fast(" in line]
 
@@ -312,6 +312,11 @@ def test_a_decomposed_tanh_gelu_is_one_fast_function_where_results_are_bf16():
     (task,) = traced_row_tasks(swapped, inputs)
     (line,) = gelu_line(_on_cuda(task))
     assert float(line.split(", ")[1].rstrip("f")) == pytest.approx(-2 * 0.8 * math.log2(math.e), rel=1e-6)
+    def gelu_new(h, power=3.0):  # transformers.activations.NewGELUActivation's, at power 3.0
+        return 0.5 * h * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (h + 0.044715 * torch.pow(h, power))))
+    for power, fast in ((3.0, True), (3, True), (2.0, False)):
+        (task,) = traced_row_tasks(Fn(lambda x: gelu_new(F.layer_norm(x, (1000,)), power)), inputs)
+        assert len(gelu_line(_on_cuda(task))) == fast, power
     # the chain it replaces is not computed beside it (nvcc warned of its unused values)
     body = build_plan(case_task("layernorm_gelu_tanh", bf16)).epilogue.body
     assert not any("tanh" in line or "0.5f" in line for line in body if "pw_gelu_tanh_fast(" not in line)

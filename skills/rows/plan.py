@@ -877,7 +877,8 @@ def _times_constant(node) -> tuple[Node, float] | None:
 
 def _gelu_tanh_parts(node: Node) -> tuple[Node, float, float] | None:
     """(x, c, k) where `node` is 0.5 x (1 + tanh(c (x + k x^3))) as torch decomposes a tanh GELU
-    (x^3 as (x x) x; each op's operands in either order)."""
+    (x^3 as (x x) x) or as Hugging Face's gelu_new writes it (x^3 as pow(x, 3.0)); each op's
+    operands in either order."""
     operands = _binary(node, aten.mul.Tensor)
     for half, one_plus in (operands, operands[::-1]) if operands else ():
         scaled, tanh = _times_constant(half), _tanh_plus_one(one_plus)
@@ -905,7 +906,9 @@ def _other_than(pair: tuple, x: Node):
 
 
 def _is_cube(node, x: Node) -> bool:
-    """Whether `node` is (x x) x or x (x x)."""
+    """Whether `node` is (x x) x, x (x x) or pow(x, 3)."""
+    if isinstance(node, Node) and node.target is aten.pow.Tensor_Scalar:
+        return node.args[0] is x and type(node.args[1]) in (int, float) and node.args[1] == 3
     operands = _binary(node, aten.mul.Tensor)
     return operands is not None and _binary(_other_than(operands, x), aten.mul.Tensor) == (x, x)
 
