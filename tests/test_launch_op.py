@@ -115,6 +115,10 @@ ONE = (1, 1, 1)
     ({"kernels": [(b"x", "k", ONE, ONE, 0, [], [4, 4], ONE, False, False)]}, "alignment must name every input"),
     ({"kernels": [(b"x", "k", ONE, ONE, 0, [("workspace", 0)], [], ONE, True, False)]},
      "a workspace takes at least one byte"),
+    ({"kernels": [(b"x", "k", ONE, ONE, 0, [("counters", 0)], [], ONE, True, False)]},
+     "counters take at least one byte"),
+    ({"kernels": [(b"x", "k", ONE, ONE, 0, [("counters", 8), ("counters", 8)], [], ONE, True, False)]},
+     "at most one counters argument"),
     ({"kernels": [(b"x", "k", ONE, ONE, 0, [], [], ONE, False, True)]}, "persistent launch is one of clusters"),
     ({"kernels": [(b"x", "k", (8, 2, 1), ONE, 0, [], [], (4, 1, 1), False, True)]}, "clusters along x"),
 ])

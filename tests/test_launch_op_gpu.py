@@ -2,8 +2,8 @@
 (called through torch.ops, or directly as compiled graphs and profiles call it), passes every
 argument kind intact, launches on the current stream, takes the kernel the inputs'
 alignment allows, raises the shared memory limit, launches a cooperative grid with scratch
-memory (eagerly and in a CUDA graph), starts only the clusters of a persistent grid that fit, is
-captured in a CUDA graph and replayed,
+memory (eagerly and in a CUDA graph), keeps a kernel's counters (a stream's, a capture's), starts
+only the clusters of a persistent grid that fit, is captured in a CUDA graph and replayed,
 finds a key it does not know through the kernel cache, and runs a pointwise winner in a
 compiled model: through Inductor, under CUDA graphs (mode="reduce-overhead"), and replayed from
 Inductor's graph cache in a new process with no candidate code run."""
@@ -249,6 +249,40 @@ def test_a_cooperative_grid_with_its_workspace_eagerly_and_in_a_cuda_graph():
         graph.replay()
         torch.cuda.synchronize()
         torch.testing.assert_close(captured, x.sum().expand(blocks), rtol=1e-4, atol=1e-2)
+
+
+COUNTED = r"""
+extern "C" __global__ void counted(const float* x, float* out, unsigned* counters) {
+    // what the counters held when the launch began, then one more: counters never reset
+    if (threadIdx.x == 0) out[blockIdx.x] = (float)atomicAdd(&counters[blockIdx.x], 1u) + x[blockIdx.x];
+}
+"""
+
+
+def test_counters_are_zeroed_once_a_stream_kept_between_launches_and_a_captures_own():
+    """A kernel's counters start at zero on each stream and keep what a launch left for the next
+    launch there (this kernel never resets them: counters_left sees it); a launch captured in a
+    CUDA graph has counters of its own, zeroed on every replay."""
+    blocks = 3
+    kernel = KernelLaunch.compile(COUNTED, "counted", grid=blocks, block=32,
+                                  args=(Arg.input(0), Arg.output(0), Arg.counters(4 * blocks)))
+    key = _registered("gpu counted", LaunchSpec((_vector(blocks),), (_vector(blocks),), (kernel,)))
+    x = torch.zeros(blocks, device="cuda")
+    seen = [launch_op.launcher(key, "", 1)(x)[0].tolist() for _ in range(2)]
+    side = torch.cuda.Stream()
+    with torch.cuda.stream(side):
+        seen.append(launch_op.launcher(key, "", 1)(x)[0].tolist())
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        (captured,) = launch_op.launcher(key, "", 1)(x)
+    for _ in range(2):
+        graph.replay()
+        seen.append(captured.tolist())
+    seen.append(launch_op.launcher(key, "", 1)(x)[0].tolist())
+    assert seen == [[0.0] * blocks, [1.0] * blocks, [0.0] * blocks, [0.0] * blocks, [0.0] * blocks, [2.0] * blocks]
+    # a counter a block in each buffer (the current stream's at 3, the side stream's and the
+    # graph's at 1), each a 4-byte count of which one byte is not zero
+    assert launch_op.counters_left(key) == 3 * blocks
 
 
 PERSISTENT_ROWS = r"""

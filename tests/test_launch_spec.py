@@ -39,6 +39,9 @@ def test_launch_shapes_are_normalised():
     (lambda: Arg("f32", True), "is a number"),
     (lambda: Arg.input(-1), "out of range"),
     (lambda: Arg.workspace(0), "out of range"),
+    (lambda: Arg.counters(0), "out of range"),
+    (lambda: Arg.counters(2**20 + 1), "out of range"),
+    (lambda: _kernel(args=(Arg.counters(8), Arg.counters(8))), "at most one counters argument"),
     (lambda: _kernel(cooperative=1), "cooperative must be a bool"),
     (lambda: _kernel(grid=0), "grid must be"),
     (lambda: _kernel(block=(1, 2, 3, 4)), "block must be"),
@@ -84,11 +87,13 @@ def test_a_cluster_is_kept_and_a_plain_launch_is_written_as_before():
 
 
 def test_a_cooperative_launch_and_its_workspace_go_through_json():
-    """A cooperative kernel with scratch memory keeps both through JSON; a spec without them is
-    written as before."""
-    spec = _spec(kernels=(_kernel(cooperative=True, args=(Arg.input(0), Arg.output(0), Arg.workspace(4096))),))
+    """A cooperative kernel with scratch memory and counters keeps them through JSON; a spec
+    without them is written as before."""
+    args = (Arg.input(0), Arg.output(0), Arg.workspace(4096), Arg.counters(128))
+    spec = _spec(kernels=(_kernel(cooperative=True, args=args),))
     data, binaries = spec.to_json()
-    assert data["kernels"][0]["cooperative"] is True and data["kernels"][0]["args"][-1] == ["workspace", 4096]
+    assert data["kernels"][0]["cooperative"] is True
+    assert data["kernels"][0]["args"][-2:] == [["workspace", 4096], ["counters", 128]]
     assert LaunchSpec.from_json(data, binaries) == spec and spec.digest != _spec().digest
     assert "cooperative" not in _spec().to_json()[0]["kernels"][0]
 

@@ -8,12 +8,14 @@ docs/CONTRACTS.md allows. One worker on cuda:0 serves the module.
 from __future__ import annotations
 
 import dataclasses
+import textwrap
 
 import pytest
 
 from agent_backend.env import Environment, Timeouts
 from agent_backend.env.profile import counted_speedup
 from agent_backend.env.verify import VERIFICATION_PLAN
+from agent_backend.specs import Candidate
 from test_env_cases import (CACHES_ONCE_TIMED, STATIC_OUTPUT_ONCE_TIMED, add_relu_task, make_candidate, matmul_task,
                             module_environment)
 
@@ -146,6 +148,33 @@ def test_result_cached_by_input_pointer_is_rejected(env):
         return self.cache[key].clone()
     """, init="self.cache = {}"))
     assert_refused(ev, "rejected", "cached (by input pointer or shape)")
+
+
+COUNTER_KEEPING = Candidate(textwrap.dedent('''
+    from agent_backend.env.launch_op import launch_spec_model
+    from agent_backend.env.launch_spec import Arg, KernelLaunch, LaunchSpec
+    from agent_backend.specs import TensorSpec
+
+    SRC = r"""
+    extern "C" __global__ void add_relu_counted(const float* a, const float* b, float* out, unsigned* calls,
+                                                long long n) {
+        long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x;
+        if (i < n) out[i] = fmaxf(a[i] + b[i], 0.0f);
+        if (i == 0) calls[0] += 1u;  // what the next launch would find
+    }
+    """
+    N = 1024 * 4096
+    SPEC = TensorSpec((1024, 4096), (4096, 1), "float32", "cuda")
+    ARGS = [Arg.input(0), Arg.input(1), Arg.output(0), Arg.counters(4), Arg("i64", N)]
+    ModelNew = launch_spec_model(LaunchSpec(inputs=[SPEC, SPEC], outputs=[SPEC], kernels=[
+        KernelLaunch.compile(SRC, "add_relu_counted", grid=N // 256, block=256, args=ARGS)]))
+'''), "test")
+
+
+def test_a_launch_spec_kernel_that_leaves_its_counters_non_zero_is_rejected(env):
+    """Its outputs are right, but the counters the launch op keeps for it would carry something
+    from one launch to the next."""
+    assert_refused(evaluate(env, COUNTER_KEEPING), "rejected", "left its counters non-zero (1 bytes)")
 
 
 # ----------------------------------------------------------------------------- streams and threads

@@ -154,6 +154,13 @@ def launch_count(key: str) -> int:
     return max(native().launch_count(key), 0)
 
 
+def counters_left(key: str) -> int:
+    """Bytes of the counters of `key`'s kernels (Arg.counters) that are not zero, once the device
+    has finished all queued work: a launch must leave them zeroed (0 where nothing is registered)."""
+    torch.cuda.synchronize()
+    return max(native().counters_left(key), 0)
+
+
 class LaunchSpecModel(nn.Module):
     """A launch-spec candidate's ModelNew: forward is the launch op and nothing else. Made by
     launch_spec_model(spec); subclasses that change forward are not launch-spec candidates."""

@@ -4,7 +4,8 @@ whose launch is a pure function of its task's signature.
 A LaunchSpec names the tensors the op takes (shape, stride, dtype) and the ones it allocates
 and returns, and the kernels that may compute them: each a CUBIN, a kernel name, a grid, a
 block, dynamic shared memory, its arguments (an input's or an output's data pointer, a
-constant, or scratch memory of a given size that the op allocates for each launch), the
+constant, scratch memory of a given size that the op allocates for each launch, or counters:
+memory the op zeroes once and keeps for the kernel, which every launch must leave zeroed), the
 alignment its vector accesses need of each input's data pointer, the shape of its thread-block
 clusters (sm_90+; (1, 1, 1): none), and whether it is a cooperative launch (all blocks resident
 at once, so the kernel may synchronise its whole grid). The op
@@ -29,15 +30,18 @@ from agent_backend.env.nvrtc import compile_cubin, current_arch, normalize_arch
 from agent_backend.specs import TensorSpec
 
 SPEC_FORMAT = 1
-ARG_KINDS = ("input", "output", "i32", "i64", "f32", "f64", "workspace")
-_INT_RANGES = {"i32": (-2**31, 2**31 - 1), "i64": (-2**63, 2**63 - 1), "workspace": (1, 2**40)}
+ARG_KINDS = ("input", "output", "i32", "i64", "f32", "f64", "workspace", "counters")
+_INT_RANGES = {"i32": (-2**31, 2**31 - 1), "i64": (-2**63, 2**63 - 1), "workspace": (1, 2**40), "counters": (1, 2**20)}
 ENTRY_KEY = "spec"  # where a cache entry's `launch` holds the spec
 
 
 @dataclass(frozen=True)
 class Arg:
     """One kernel argument: the data pointer of input/output `value` (an index), a constant of
-    type i32, i64, f32 or f64, or a workspace: `value` bytes of uninitialised scratch memory."""
+    type i32, i64, f32 or f64, a workspace: `value` bytes of uninitialised scratch memory, or
+    counters: `value` bytes that the op zeroes before the kernel's first launch on a stream and
+    keeps for its later launches there (a CUDA graph's capture takes its own), so the kernel must
+    leave them zeroed, as a barrier whose last user resets it does (verification checks that)."""
 
     kind: str
     value: int | float
@@ -67,6 +71,10 @@ class Arg:
     @classmethod
     def workspace(cls, nbytes: int) -> "Arg":
         return cls("workspace", nbytes)
+
+    @classmethod
+    def counters(cls, nbytes: int) -> "Arg":
+        return cls("counters", nbytes)
 
 
 def _dim3(value: int | Sequence[int], what: str) -> tuple[int, int, int]:
@@ -113,6 +121,8 @@ class KernelLaunch:
             raise TypeError("cubin must be the compiled module's bytes")
         if not all(isinstance(a, Arg) for a in self.args):
             raise TypeError("args must be Arg values")
+        if sum(a.kind == "counters" for a in self.args) > 1:
+            raise ValueError("a kernel takes at most one counters argument")
         if not isinstance(self.cooperative, bool):
             raise TypeError(f"cooperative must be a bool, got {self.cooperative!r}")
         if not isinstance(self.persistent, bool):

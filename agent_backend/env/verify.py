@@ -8,7 +8,9 @@ candidate BEFORE the reference, and checks, in this order:
      could defer its work until it is read),
   3. the inputs are bitwise unchanged,
   4. no output shares memory with an input, with an output of an earlier call, or with
-     another output where the reference's outputs do not,
+     another output where the reference's outputs do not; a launch-spec kernel's counters
+     (launch_spec.Arg.counters, kept from launch to launch) are zeroed again, so no launch
+     hands anything on to the next,
   5. device, shape and dtype; then values within tolerance, with NaN/Inf never passing; where
      the reference itself strays (bf16 attention scores rounded before a peaked softmax), a
      candidate that is within tolerance of the float64 evaluation instead, and closer to it
@@ -40,7 +42,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from agent_backend.env.candidate_loader import describe_exception
-from agent_backend.env import float64
+from agent_backend.env import float64, launch_op
 from agent_backend.env.compare import (bitwise_equal, compare_values, differing_elements, layout_problem, memory_span,
                                        overlapping_pairs, share_memory, spans_overlap, stride_note,
                                        tolerance)
@@ -296,6 +298,9 @@ class Verifier:
         self._input_spans: Retained[tuple[str, int, int]] = Retained(budget, span_bytes)
         self._returned: Retained[torch.Tensor] = Retained(budget, tensor_bytes)
         self._poisoning: PoisonedAllocations | None = None  # of the last forward
+        spec = launch_op.spec_of(type(candidate))
+        counted = spec is not None and any(a.kind == "counters" for k in spec.kernels for a in k.args)
+        self._counters_key = spec.digest if counted else None  # whose counters each call must leave zeroed
 
     def run(self) -> Failure | None:
         for number, (draw, reuse) in enumerate(VERIFICATION_PLAN):
@@ -362,7 +367,7 @@ class Verifier:
             self.torch_ops = sorted(recorder.ops)
         return (watch.violation("forward") or self._poisoning_failure() or call.failure
                 or self._inputs_failure(inputs, sources) or self._memory_failure(call.outputs, inputs)
-                or self._compare(call, sources, inputs, where))
+                or self._counters_failure() or self._compare(call, sources, inputs, where))
 
     def _fresh_blanks(self, sources: list[torch.Tensor]) -> list[torch.Tensor]:
         """Blank inputs for `sources` at addresses no kept earlier trial's inputs had (all of
@@ -407,6 +412,15 @@ class Verifier:
                                            "allocate outputs on every call, a caller may still hold the earlier ones")
         self._returned.add(list(outputs))
         return None
+
+    def _counters_failure(self) -> Failure | None:
+        """A launch must leave its counters as it found them, zeroed: what it left there would
+        reach the next launch (a result kept for the same inputs, a barrier that never waits)."""
+        left = launch_op.counters_left(self._counters_key) if self._counters_key else 0
+        if left == 0:
+            return None
+        return Failure("rejected", f"the kernel left its counters non-zero ({left} bytes): each launch must "
+                                   "zero them again (a barrier's last block to leave resets its counters)")
 
     def _reference(self, sources: list[torch.Tensor]) -> list[torch.Tensor]:
         with torch.no_grad():

@@ -24,6 +24,7 @@ constexpr CUresult CUDA_ERROR_NOT_FOUND = 500;
 constexpr int CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8;
 constexpr int CU_LAUNCH_ATTRIBUTE_COOPERATIVE = 2;
 constexpr int CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION = 4;
+constexpr int CU_STREAM_CAPTURE_STATUS_NONE = 0;
 
 // cuLaunchKernelEx's configuration, laid out as cuda.h's CUlaunchAttribute and CUlaunchConfig on
 // 64-bit Linux; the sizes and offsets asserted below are checked against cuda.h by
@@ -65,6 +66,7 @@ struct Driver {
   CUresult (*cuFuncSetAttribute)(CUfunction, int, int);
   CUresult (*cuLaunchKernel)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
                              unsigned, CUstream, void**, void**);
+  CUresult (*cuStreamIsCapturing)(CUstream, int*);  // CUstreamCaptureStatus, an enum the size of an int
   // Only cluster launches need these (CUDA 12+); nullptr where the driver lacks them.
   CUresult (*cuLaunchKernelEx)(const LaunchConfig*, CUfunction, void**, void**);
   CUresult (*cuOccupancyMaxActiveClusters)(int*, CUfunction, const LaunchConfig*);
@@ -96,6 +98,7 @@ inline Driver load_driver() {
   bind_symbol(library, "cuModuleGetFunction", d.cuModuleGetFunction);
   bind_symbol(library, "cuFuncSetAttribute", d.cuFuncSetAttribute);
   bind_symbol(library, "cuLaunchKernel", d.cuLaunchKernel);
+  bind_symbol(library, "cuStreamIsCapturing", d.cuStreamIsCapturing);
   d.cuLaunchKernelEx = reinterpret_cast<decltype(d.cuLaunchKernelEx)>(dlsym(library, "cuLaunchKernelEx"));
   d.cuOccupancyMaxActiveClusters =
       reinterpret_cast<decltype(d.cuOccupancyMaxActiveClusters)>(dlsym(library, "cuOccupancyMaxActiveClusters"));

@@ -1,7 +1,8 @@
 // The launch op: a kernel described as data (launch_spec.py) run from C++, so that a winner
 // costs what its kernel costs. cuda_agent::launch(key, program, inputs) looks the spec up by
 // key, checks the inputs against it, allocates the outputs (and any scratch workspace a kernel
-// takes) through torch's caching allocator, and launches the first kernel whose alignment the
+// takes) through torch's caching allocator, keeps a kernel's counters (memory zeroed once, one
+// buffer a stream, that each launch leaves zeroed), and launches the first kernel whose alignment the
 // inputs meet (in thread-block clusters, or as a cooperative grid, where its spec says so,
 // through cuLaunchKernelEx) on torch's current stream of the inputs' device, so that it can be
 // captured in a CUDA graph. A Meta kernel gives the
@@ -57,7 +58,15 @@ namespace {
 constexpr size_t kMaxArgs = 256;
 constexpr size_t kMaxDevices = 128;  // c10::DeviceIndex is an int8_t
 
-enum class ArgKind : uint8_t { Input, Output, Constant, Workspace };
+enum class ArgKind : uint8_t { Input, Output, Constant, Workspace, Counters };
+
+// A kernel's counters on one stream of one device (a barrier's, which its last user resets).
+struct Counters {
+  c10::DeviceIndex device;
+  CUstream stream;
+  bool captured;  // into a CUDA graph: its own, never another launch's
+  at::Tensor memory;
+};
 
 struct Layout {
   std::vector<int64_t> sizes, strides;
@@ -74,10 +83,15 @@ struct Kernel {
   unsigned shared_mem = 0;
   std::vector<ArgKind> kinds;
   std::vector<int64_t> indices;     // of the input or output, for pointer arguments
-  std::vector<ArgValue> constants;  // the value, for constants; the bytes, for a workspace
+  std::vector<ArgValue> constants;  // the value, for constants; the bytes, for a workspace or counters
   std::vector<int64_t> alignment;   // per input, bytes; empty: none required
   std::array<std::atomic<CUfunction>, kMaxDevices> functions{};  // loaded on first use per device
   std::array<unsigned, kMaxDevices> grid_x{};  // blocks launched along x per device, set with its function
+  // Its counters argument's memory: one buffer for each stream it is launched on (launches on one
+  // stream never overlap, on two they may), and one for each launch captured into a CUDA graph
+  // (graphs may replay at once); never freed, a launch may still be queued.
+  std::mutex counters_mutex;
+  std::vector<Counters> counters;
 };
 
 struct Spec {
@@ -303,6 +317,26 @@ void launch(const Kernel& kernel, unsigned grid_x, CUfunction function, CUstream
   if (status != CUDA_SUCCESS) check(status, "launching '" + kernel.name + "'");
 }
 
+// The kernel's counters for a launch on `stream`: those it already has there, else `bytes` new ones
+// zeroed on that stream ahead of the launch. A launch being captured into a CUDA graph takes new
+// ones every time, their zeroing captured too (a node of the graph, run on every replay).
+void* counters_for(Kernel& kernel, int64_t bytes, c10::DeviceIndex device, CUstream stream,
+                   c10::Allocator* allocator) {
+  int capture = CU_STREAM_CAPTURE_STATUS_NONE;
+  check(driver().cuStreamIsCapturing(stream, &capture), "cuStreamIsCapturing");
+  std::lock_guard<std::mutex> lock(kernel.counters_mutex);
+  const bool captured = capture != CU_STREAM_CAPTURE_STATUS_NONE;
+  for (Counters& held : kernel.counters) {
+    if (!captured && !held.captured && held.device == device && held.stream == stream) {
+      return held.memory.mutable_data_ptr();
+    }
+  }
+  at::Tensor memory = empty_cuda({bytes}, {1}, at::kByte, allocator);
+  memory.zero_();  // on torch's current stream of the device: the launch's
+  kernel.counters.push_back(Counters{device, stream, captured, memory});
+  return memory.mutable_data_ptr();
+}
+
 // A key with no spec here: cuda_agent::run_winner finds its winner or runs the program.
 std::vector<at::Tensor> run_winner(c10::string_view key, c10::string_view program, at::TensorList inputs) {
   TORCH_CHECK(!program.empty(), "cuda_agent::launch: no launch spec is registered under '", key, "'");
@@ -330,6 +364,7 @@ std::string launch_spec(Spec& spec, at::TensorList inputs, std::vector<at::Tenso
     return empty_cuda(layout.sizes, layout.strides, layout.dtype, allocator);
   });
   const CUfunction function = function_on(kernel, device.index());
+  const auto stream = static_cast<CUstream>(current_stream(device.index()));
   const size_t count = kernel.kinds.size();
   ArgValue values[kMaxArgs];
   void* params[kMaxArgs];
@@ -346,11 +381,13 @@ std::string launch_spec(Spec& spec, at::TensorList inputs, std::vector<at::Tenso
         workspaces.push_back(empty_cuda({kernel.constants[a].i64}, {1}, at::kByte, allocator));
         values[a].ptr = workspaces.back().mutable_data_ptr();
         break;
+      case ArgKind::Counters:
+        values[a].ptr = counters_for(kernel, kernel.constants[a].i64, device.index(), stream, allocator);
+        break;
     }
     params[a] = &values[a];
   }
-  launch(kernel, kernel.grid_x[device.index()], function, static_cast<CUstream>(current_stream(device.index())),
-         params);
+  launch(kernel, kernel.grid_x[device.index()], function, stream, params);
   spec.launches.fetch_add(1, std::memory_order_relaxed);
   return "";
 }
@@ -535,10 +572,15 @@ std::unique_ptr<Kernel> kernel_of(const KernelData& data, size_t n_inputs, size_
       constant.f32 = static_cast<float>(value.cast<double>());
     } else if (kind == "f64") {
       constant.f64 = value.cast<double>();
-    } else if (kind == "workspace") {
-      arg_kind = ArgKind::Workspace;
+    } else if (kind == "workspace" || kind == "counters") {
+      arg_kind = kind == "workspace" ? ArgKind::Workspace : ArgKind::Counters;
       constant.i64 = value.cast<int64_t>();
-      if (constant.i64 < 1) refuse("a workspace takes at least one byte");
+      if (constant.i64 < 1) {
+        refuse(kind == "workspace" ? "a workspace takes at least one byte" : "counters take at least one byte");
+      }
+      if (arg_kind == ArgKind::Counters && std::count(kernel->kinds.begin(), kernel->kinds.end(), arg_kind)) {
+        refuse("a kernel takes at most one counters argument");
+      }
     } else {
       refuse("unknown argument kind '" + kind + "'");
     }
@@ -582,6 +624,20 @@ int64_t launch_count(const std::string& key) {
   return spec == nullptr ? -1 : static_cast<int64_t>(spec->launches.load(std::memory_order_relaxed));
 }
 
+// Bytes of `key`'s counters, on every stream and in every capture, that are not zero (-1: no spec
+// registered): each launch must leave them zeroed, so verification asks after its calls, once the
+// device is synchronised (the count runs on the current stream, not the launches').
+int64_t counters_left(const std::string& key) {
+  const std::shared_ptr<Spec> spec = find(key);
+  if (spec == nullptr) return -1;
+  int64_t left = 0;
+  for (auto& kernel : spec->kernels) {
+    std::lock_guard<std::mutex> lock(kernel->counters_mutex);
+    for (const Counters& held : kernel->counters) left += held.memory.ne(0).sum().item<int64_t>();
+  }
+  return left;
+}
+
 }  // namespace
 
 TORCH_LIBRARY_IMPL(cuda_agent, CUDA, m) {
@@ -601,4 +657,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "cluster, cooperative, persistent).");
   m.add_object("launch", py::reinterpret_steal<py::object>(PyCFunction_New(&launch_direct_def, nullptr)));
   m.def("launch_count", &launch_count, py::arg("key"), "Launches made under `key` (-1: not registered).");
+  m.def("counters_left", &counters_left, py::arg("key"),
+        "Bytes of `key`'s kernels' counters that are not zero (-1: not registered); synchronise the device first.");
 }
