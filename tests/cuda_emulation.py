@@ -19,7 +19,7 @@ from agent_backend.specs import TensorSpec
 from skills.pointwise.codegen import CONVERSIONS
 from skills.pointwise.dtypes import dtype_info, operand_info
 from skills.pointwise.ops import _FAST, NAN_MIN_MAX
-from skills.rows.codegen import CLUSTER_SYNC_FUNCTION, PREFETCH_FUNCTION, STREAM_LOAD_FUNCTION
+from skills.rows.codegen import CLUSTER_SYNC_FUNCTION, PREFETCH_FUNCTION, SPLIT_BARRIER_FUNCTION, STREAM_LOAD_FUNCTION
 
 EMULATOR = Path(__file__).with_name("cuda_emulator")
 
@@ -88,6 +88,10 @@ inline void rows_prefetch_wait() {}
 _EMULATED_CLUSTER_SYNC = r"""
 inline void rows_cluster_sync() { cooperative_groups::this_cluster().sync(); }
 """
+# codegen.SPLIT_BARRIER_FUNCTION as it is, its acquiring load the emulator's.
+_ACQUIRE = 'asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(seen) : "l"(arrived) : "memory");'
+_EMULATED_SPLIT_BARRIER = SPLIT_BARRIER_FUNCTION.replace(_ACQUIRE, "seen = emu::load_acquire(arrived);")
+assert _EMULATED_SPLIT_BARRIER != SPLIT_BARRIER_FUNCTION, "the split barrier's acquiring load is not the one emulated"
 # codegen.STREAM_LOAD_FUNCTION: a plain load (where the line goes is the GPU's business).
 _EMULATED_STREAM_LOAD = r"""
 template <typename T> inline T rows_ld_stream(const T* p) { return *p; }
@@ -118,6 +122,7 @@ def emulated_source(source: str) -> str:
     source = source.replace(CONVERSIONS, _EMULATED_CONVERSIONS).replace(_FAST, emulated_fast()).replace(NAN_MIN_MAX, "")
     source = source.replace(PREFETCH_FUNCTION, _EMULATED_PREFETCH).replace(STREAM_LOAD_FUNCTION, _EMULATED_STREAM_LOAD)
     source = source.replace(CLUSTER_SYNC_FUNCTION, _EMULATED_CLUSTER_SYNC)
+    source = source.replace(SPLIT_BARRIER_FUNCTION, _EMULATED_SPLIT_BARRIER)
     source = source.replace("#include <cooperative_groups.h>\n", "")
     source = re.sub(r"extern __shared__ __align__\(16\) unsigned char (\w+)\[\];",
                     r"unsigned char* \1 = emu::dynamic_shared();", source)
@@ -154,10 +159,12 @@ def _execute(exe: Path, files: list[Path], timeout: float) -> None:
 def run(source: str, name: str, launch: tuple, inputs: list[torch.Tensor], outputs: list[TensorSpec],
         workdir: Path) -> list[torch.Tensor]:
     """Launch kernel `name` of `source` with launch = (grid, block, shared bytes, cluster,
-    workspace bytes, persistent) on CPU `inputs`; the outputs (filled with NaN bytes first, so an
-    unwritten element shows). A workspace (of 0xff bytes) makes the launch cooperative. A
-    persistent grid is launched as two clusters (as if only two fit), which loop over the rest."""
-    grid, block, shared, cluster, workspace, persistent = launch
+    workspace bytes, persistent, counter bytes) on CPU `inputs`; the outputs (filled with NaN
+    bytes first, so an unwritten element shows). A workspace (of 0xff bytes) makes the launch
+    cooperative, its counters zeroed, and they must be zeroed again when it ends (as the launch op
+    keeps them for the next launch). A persistent grid is launched as two clusters (as if only two
+    fit), which loop over the rest."""
+    grid, block, shared, cluster, workspace, persistent, counters = launch
     if persistent:
         grid = min(grid, 2 * cluster)
     block = tuple(block) + (1,) * (2 - len(block))
@@ -167,8 +174,9 @@ def run(source: str, name: str, launch: tuple, inputs: list[torch.Tensor], outpu
                for k, s in enumerate(outputs)]
     count = len(inputs) + len(outputs)
     if workspace:
-        params.append("workspace.data()")
+        params += ["workspace.data()", "reinterpret_cast<unsigned*>(counters.data())"]
     main = f"""
+#include <cstdio>
 #include <fstream>
 #include <iterator>
 int main(int argc, char** argv) {{
@@ -178,8 +186,15 @@ int main(int argc, char** argv) {{
     buffers.emplace_back(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
   }}
   std::vector<unsigned char> workspace({workspace}, 0xff);
+  std::vector<unsigned char> counters({counters}, 0);
   emu::launch({grid}, {block[0]}, {block[1]}, {shared}, {cluster}, {"true" if workspace else "false"},
               [&] {{ {name}({", ".join(params)}); }});
+  for (unsigned char c : counters) {{
+    if (c != 0) {{
+      std::fprintf(stderr, "the kernel left its counters non-zero\\n");
+      return 3;
+    }}
+  }}
   for (int k = {len(inputs)}; k < {count}; ++k) {{
     std::ofstream out(argv[1 + k], std::ios::binary);
     out.write(reinterpret_cast<const char*>(buffers[k].data()), buffers[k].size());

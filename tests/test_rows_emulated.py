@@ -168,7 +168,7 @@ LONG = {
     "split_amax_scalar": (lambda: resized(case_task("amax_last", bf16), (2, 4097)), Launch(32, 1, 1, split=8)),
     "split_mse_whole": (lambda: resized(case_task("mse_loss", f32), (40, 100), (40, 100)), Launch(32, 1, 4, split=8)),
     "split_softmax": (lambda: resized(case_task("softmax", bf16), (2, 2000)), Launch(32, 1, 8, split=4)),
-    # more blocks a row than a warp has lanes: lanes fold two slots each after grid.sync
+    # more blocks a row than a warp has lanes: lanes fold two slots each after the barrier
     "split_wider_than_a_warp": (lambda: resized(case_task("logsumexp", f32), (1, 4000)), Launch(32, 1, 1, split=36)),
     # held in shared memory, fp32 (the shapes benchmarks/rows_ceiling.py probes beyond those proposed)
     "split_softmax_shared_f32": (lambda: resized(case_task("softmax", f32), (2, 4000)),

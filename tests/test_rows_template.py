@@ -28,8 +28,8 @@ from agent_backend.task import load_program
 from helpers import launch_spec_of
 from skills.rows import propose, supports
 from skills.rows.candidates import NO_L1_SHAPES, _fits_registers, _words, launch_configs, model_source, tag
-from skills.rows.codegen import (Launch, grid_blocks, kernel_source, lanes_fit, shared_bytes, streamed_access,
-                                 workspace_bytes)
+from skills.rows.codegen import (Launch, counter_bytes, grid_blocks, kernel_source, lanes_fit, shared_bytes,
+                                 streamed_access, workspace_bytes)
 from skills.rows.plan import build_plan
 from skills.rows.placement import refine, runs
 
@@ -421,14 +421,18 @@ def test_a_product_of_two_matrices_is_not_taken():
 def test_few_long_rows_are_split_over_a_cooperative_grid():
     """16 rows of 393216 fill 16 blocks, or 128 in clusters of 8: they are also offered split
     over 512 blocks of a cooperative grid (four an SM), each block's partials through the
-    workspace; a loss over a whole tensor (one row) over 512 blocks too."""
+    workspace, then a barrier of the row's 32 blocks on two counters of the row's own; a loss
+    over a whole tensor (one row) over 512 blocks too."""
     plan = build_plan(resized(case_task("sum_last", f32), (16, 393216)))
     split = [c for c in launch_configs(plan) if c.split > 1 and not c.no_l1]
     assert [(c.threads, c.split) for c in split] == [(256, 32), (256, 16)]
     assert tag(plan, split[0]) == "t256r1v4g32" and grid_blocks(plan, split[0]) == 512
     assert workspace_bytes(plan, split[0]) == 8 * 16 * 32
     source = kernel_source(plan, "k", split[0])
-    assert "unsigned char* ws)" in source and "grid.sync();" in source and "if (t == 0) ws0[blockIdx.x] = acc" in source
+    assert "unsigned char* ws, unsigned int* bar)" in source and "if (t == 0) ws0[blockIdx.x] = acc" in source
+    assert "rows_split_barrier(bar + blockIdx.x / 32, bar + blockIdx.x / 32 + 16, 32u);" in source
+    assert "grid.sync()" not in source and counter_bytes(plan, split[0]) == 4 * 2 * 16
+    assert "MAIN_LAUNCH = (512, (256,), 0, 1, 4096, False, 128)" in model_source(plan, split[0])
     assert "if (row_ok && t == 0 && blockIdx.x % 32 == 0)" in source
     whole = build_plan(resized(case_task("mse_loss", f32), (8192, 4096), (8192, 4096)))
     assert (whole.rows, whole.row_length) == (1, 8192 * 4096)
@@ -473,14 +477,17 @@ def test_columns_are_read_a_vector_across_them_and_few_are_split():
     assert "const idx_t row = ((idx_t)(blockIdx.x / 16) * 8 + slot) * 8;" in source
     assert "const Vec<bf16, 8> l0 = *reinterpret_cast<const Vec<bf16, 8>*>(in0 + a0_base + j0 * 768);" in source
     assert "if (row_ok && t == 0) ws0_w7[(row + 7) * 16 + blockIdx.x % 16] = acc1_w7;" in source
-    assert source.count("grid.sync();") == 1 and source.count("__syncthreads();") == 1
+    # each column's first thread wrote its partials: the block's barrier, then its blocks'
+    barrier = "  __syncthreads();\n  rows_split_barrier(bar + blockIdx.x / 16, bar + blockIdx.x / 16 + 12, 16u);\n"
+    assert source.count(barrier) == 1 and source.count("__syncthreads();") == 3  # one in rows_split_barrier
     # only the thread that stores a column folds its slots: nothing else reads the sum
     assert ("for (int g = 0; row_ok && t == 0 && blockIdx.x % 16 == 0 && g < 16; g += 1) "
             "acc1_w3 = (acc1_w3 + __ldcg(&ws0_w3[(row + 3) * 16 + g]));") in source
     assert "out0[out0_base + 7] = float_to_bf16(v1_w7);" in source
     # where the data is not aligned, one element an access: 8 times the blocks, an eighth the split
     program = model_source(plan, configs[0])
-    assert "MAIN_ALIGNMENT = (16,)" in program and "FALLBACK_LAUNCH = (192, (8, 32), 0, 1, 12288, False)" in program
+    assert "MAIN_ALIGNMENT = (16,)" in program
+    assert "FALLBACK_LAUNCH = (192, (8, 32), 0, 1, 12288, False, 768)" in program
     tall = build_plan(resized(case_task("sum_columns", f32), (16384, 4096)))
     assert [tag(tall, c) for c in launch_configs(tall) if not c.no_l1] == [
         "y32r8w4g4", "y32r8w4g2", "y8r32w4g16", "y8r32w4g8", "y32r32"]
@@ -814,8 +821,8 @@ def test_long_rows_of_many_rows_are_also_offered_prefetched():
     assert "for (idx_t row = (idx_t)blockIdx.x; row < 512; row += gridDim.x) {" in source
     assert "cp.async.cg.shared.global" in source and source.count("rows_prefetch16(&next0[e * 512 + t]") == 2
     program = model_source(plan, launch)
-    assert "MAIN_LAUNCH = (132, (512,), 65536, 1, 0, False)" in program
-    assert "FALLBACK_LAUNCH = (512, (512,), 0, 1, 0, False)" in program
+    assert "MAIN_LAUNCH = (132, (512,), 65536, 1, 0, False, 0)" in program
+    assert "FALLBACK_LAUNCH = (512, (512,), 0, 1, 0, False, 0)" in program
     assert not any(c.prefetch for c in launch_configs(build_plan(resized(case_task("softmax", bf16), (4096, 8192)))))
     assert not any(c.prefetch for c in launch_configs(build_plan(case_task("groupnorm", bf16, (32, 16, 64, 128)))))
     with pytest.raises(ValueError, match="prefetching block"):
@@ -1069,13 +1076,14 @@ def test_candidates_are_launch_specs_of_the_planned_kernels(monkeypatch):
 
 def test_split_rows_are_cooperative_launch_specs_with_a_workspace(monkeypatch):
     """A row split over a cooperative grid: the op launches it cooperatively (so it fails, not
-    hangs, where the grid cannot all be resident) and gives it its workspace, the fallback too."""
+    hangs, where the grid cannot all be resident: its blocks wait for each other) and gives it
+    its workspace and its barrier's counters, the fallback too."""
     plan = build_plan(resized(case_task("amax_last", bf16), (16, 393216)))
     launch = next(c for c in launch_configs(plan) if c.split > 1)
     spec = launch_spec_of(model_source(plan, launch), monkeypatch)
-    workspace = Arg.workspace(workspace_bytes(plan, launch))
-    assert [(k.grid, k.block, k.cooperative, k.args[-1]) for k in spec.kernels] == [
-        ((grid_blocks(plan, launch), 1, 1), (256, 1, 1), True, workspace)] * 2
+    split = [Arg.workspace(workspace_bytes(plan, launch)), Arg.counters(counter_bytes(plan, launch))]
+    assert [(k.grid, k.block, k.cooperative, list(k.args[-2:])) for k in spec.kernels] == [
+        ((grid_blocks(plan, launch), 1, 1), (256, 1, 1), True, split)] * 2
     assert spec.to_json()[0]["kernels"][0]["cooperative"] is True
 
 
@@ -1126,7 +1134,7 @@ def test_many_long_rows_are_offered_persistent_clusters():
         assert "const idx_t next_row = row + clusters < 1024 ? row + clusters : row;" in source
         assert re.search(r"\n +buf0\[e\] = \*reinterpret_cast<[^;]*a0_next \+ j0\);", source)
         assert re.search(r"cred0\[parity\] = acc\d+;", source) and "__shared__ float cred0[2];" in source
-        assert "MAIN_LAUNCH = (8192, (512,), 0, 8, 0, True)" in model_source(plan, launch)
+        assert "MAIN_LAUNCH = (8192, (512,), 0, 8, 0, True, 0)" in model_source(plan, launch)
     assert not any(c.persistent for c in launch_configs(build_plan(resized(case_task("softmax", bf16), (16, 393216)))))
     logsumexp = build_plan(resized(case_task("logsumexp", f32), (1024, 393216)))
     assert not any(c.persistent for c in launch_configs(logsumexp))

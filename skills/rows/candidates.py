@@ -9,8 +9,9 @@ from agent_backend.specs import Candidate
 from skills.pointwise.errors import Unsupported
 
 from .codegen import (TYPICAL_SM_COUNT, WARP, Launch, blocks_per_sm, buffer_bytes, can_persist, can_prefetch,
-                      grid_blocks, is_vector_access, keeps_values, kernel_source, lanes, lanes_fit, lanes_fit_along,
-                      register_budget, shared_bytes, streamed_access, vectors_per_thread, workspace_bytes)
+                      counter_bytes, grid_blocks, is_vector_access, keeps_values, kernel_source, lanes, lanes_fit,
+                      lanes_fit_along, register_budget, shared_bytes, streamed_access, vectors_per_thread,
+                      workspace_bytes)
 from .plan import RowPlan
 
 REGISTER_WORDS = 32        # 32-bit registers a thread may spend on its part of the on-chip rows
@@ -344,7 +345,8 @@ OUTPUTS = $outputs
 KERNEL_NAME = "$name"
 
 MAIN_SOURCE = r\'\'\'$main_source\'\'\'
-MAIN_LAUNCH = $main_launch  # (grid, block, dynamic shared memory, cluster, split-row workspace bytes, persistent)
+# (grid, block, dynamic shared memory, cluster, split-row workspace bytes, persistent, split-row counter bytes)
+MAIN_LAUNCH = $main_launch
 # Bytes each input's data pointer must be a multiple of for MAIN's vector loads; where one is
 # not, FALLBACK (the same computation, one element per access) runs instead.
 MAIN_ALIGNMENT = $alignment
@@ -364,10 +366,11 @@ from agent_backend.specs import TensorSpec
 
 
 def _launch(source, launch, alignment=()):
-    grid, block, shared, cluster, workspace, persistent = launch
-    # a split row's blocks synchronise the grid: a cooperative launch, given its workspace
-    return KernelLaunch.compile(source, KERNEL_NAME, grid=grid, block=block,
-                                args=ARGS + ([Arg.workspace(workspace)] if workspace else []), shared_mem=shared,
+    grid, block, shared, cluster, workspace, persistent, counters = launch
+    # a split row's blocks wait for each other: a cooperative launch (all resident), given its
+    # workspace and its barriers' counters
+    split = [Arg.workspace(workspace), Arg.counters(counters)] if workspace else []
+    return KernelLaunch.compile(source, KERNEL_NAME, grid=grid, block=block, args=ARGS + split, shared_mem=shared,
                                 alignment=alignment, cluster=cluster, cooperative=workspace > 0, persistent=persistent)
 
 
@@ -379,10 +382,11 @@ ModelNew = launch_spec_model(LaunchSpec(inputs=[TensorSpec(*s, "cuda") for s in 
 ''')
 
 def launch_arguments(plan: RowPlan, launch: Launch) -> tuple:
-    """(grid, block, dynamic shared memory, cluster size, workspace bytes of a split row, persistent)."""
+    """(grid, block, dynamic shared memory, cluster size, workspace bytes of a split row, persistent,
+    counter bytes of a split row)."""
     block = (launch.threads * launch.rows,) if plan.along_rows else (launch.rows, launch.threads)
     return (grid_blocks(plan, launch), block, shared_bytes(plan, launch), launch.cluster, workspace_bytes(plan, launch),
-            launch.persistent)
+            launch.persistent, counter_bytes(plan, launch))
 
 
 def model_source(plan: RowPlan, launch: Launch, write=kernel_source) -> str:

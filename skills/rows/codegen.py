@@ -9,7 +9,8 @@ contiguous. Inputs read by more than one pass are loaded once, into registers (`
 copy; inputs read by one pass only are read from global memory there. After each pass the
 partial results are combined across the row's threads: warp shuffles, then shared memory across
 the warps of a row, then distributed shared memory across the blocks of a cluster, or global
-memory (a workspace the launch op allocates) and grid.sync() across the blocks of a split row;
+memory (a workspace the launch op allocates) and a barrier of the row's blocks (SPLIT_BARRIER_FUNCTION,
+on counters the launch op keeps) across the blocks of a split row;
 every thread combines in the same order, so all hold the same per-row values. A thread may also
 take `lanes` consecutive whole rows that read one input alike (a matrix-vector product's outputs
 for each vector, which read one matrix row: lanes_fit_along): that input's vector is loaded once
@@ -29,7 +30,7 @@ totals are scanned across the row's threads in double (shuffles, then shared mem
 warps), and a double carry runs from tile to tile; see _Writer._scan.
 
 Sizes and strides are constants in the source; the kernel takes only pointers: inputs, then
-outputs, then, for a split row, the workspace. No thread returns early: out-of-range rows only
+outputs, then, for a split row, the workspace and the counters. No thread returns early: out-of-range rows only
 skip their loads and stores, so every thread reaches every barrier.
 """
 from __future__ import annotations
@@ -112,6 +113,32 @@ __device__ __forceinline__ void rows_cluster_sync() {
 #else
   cooperative_groups::this_cluster().sync();
 #endif
+}
+"""
+# The barrier after which a split row's blocks read each other's partials from the workspace: the
+# row's blocks only, where grid.sync() waited for every block, so a row whose blocks have all
+# arrived stores while others still load (on an H100, a softmax over 16 x 393216 split 16 blocks a
+# row: 16.4 -> 15.8 us bf16, 27.1 -> 25.8 us fp32; benchmarks/results, 2026-12-08). The block's
+# first thread releases what the block wrote (the partials, written by its first thread or, across
+# rows, after a __syncthreads), arrives, and waits to acquire `blocks` arrivals; the last block to
+# leave zeroes both counters, so every launch finds them as the launch op first zeroed them
+# (launch_spec.Arg.counters). Each barrier of a kernel has counters of its own: a block may arrive
+# at the next before the last has left this one.
+SPLIT_BARRIER_FUNCTION = """
+__device__ __forceinline__ void rows_split_barrier(unsigned int* arrived, unsigned int* left, unsigned int blocks) {
+  if (threadIdx.x == 0 && threadIdx.y == 0) {
+    __threadfence();
+    atomicAdd(arrived, 1u);
+    unsigned int seen;
+    do {
+      asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(seen) : "l"(arrived) : "memory");
+    } while (seen < blocks);
+    if (atomicAdd(left, 1u) == blocks - 1u) {
+      *left = 0u;
+      *arrived = 0u;
+    }
+  }
+  __syncthreads();
 }
 """
 # An input element that no other row reads gains nothing from L1, and with a row's loads all
@@ -209,6 +236,14 @@ def workspace_bytes(plan: RowPlan, launch: Launch) -> int:
         return 0
     partials = sum(len(p.partials) for p in plan.passes)
     return WORKSPACE_SLOT_BYTES * partials * plan.rows * launch.split
+
+
+def counter_bytes(plan: RowPlan, launch: Launch) -> int:
+    """The counters a split row's barriers take (SPLIT_BARRIER_FUNCTION): two a pass and a row's
+    group of blocks."""
+    if launch.split == 1:
+        return 0
+    return 4 * 2 * len(plan.passes) * (grid_blocks(plan, launch) // launch.split)
 
 
 def shared_bytes(plan: RowPlan, launch: Launch) -> int:
@@ -355,7 +390,7 @@ class _Writer:
         params = ([f"const {operand_info(s.torch_dtype).storage}* __restrict__ in{k}"
                    for k, s in enumerate(plan.inputs)]
                   + [f"{dtype_info(o.spec.torch_dtype).storage}* __restrict__ out{k}" for k, o in enumerate(plan.outputs)]
-                  + (["unsigned char* ws"] if workspace_bytes(plan, self.launch) else []))
+                  + (["unsigned char* ws", "unsigned int* bar"] if workspace_bytes(plan, self.launch) else []))
         if self.launch.prefetch:
             lines = self._prefetching_rows()
         elif self.launch.persistent:
@@ -365,9 +400,10 @@ class _Writer:
         if self.C > 1:  # no block may leave while another still reads its shared memory
             lines.append("cluster.sync();")
         lines = _drop_unused(lines, ["t", "slot"])
-        include = "#include <cooperative_groups.h>\nnamespace cg = cooperative_groups;\n" if self.B > 1 else ""
+        include = "#include <cooperative_groups.h>\nnamespace cg = cooperative_groups;\n" if self.C > 1 else ""
         helpers = "".join(text for text, used in ((PREFETCH_FUNCTION, self.launch.prefetch),
                                                   (CLUSTER_SYNC_FUNCTION, self.C > 1),
+                                                  (SPLIT_BARRIER_FUNCTION, self.S > 1),
                                                   (STREAM_LOAD_FUNCTION, self.launch.no_l1),
                                                   (ONLINE_FUNCTIONS, plan.online)) if used)
         return f"""{include}{CONVERSIONS}
@@ -491,8 +527,7 @@ extern "C" __global__ void __launch_bounds__({self._bounds()}) {name}({", ".join
         if self.C > 1:
             lines += self._cluster_slice()
         if self.S > 1:
-            lines += ["cg::grid_group grid = cg::this_grid();",
-                      f"const idx_t slice0 = (idx_t)(blockIdx.x % {self.S}) * {self.SV};"]
+            lines += [f"const idx_t slice0 = (idx_t)(blockIdx.x % {self.S}) * {self.SV};"]
         lines.append(f"const bool row_ok = row < {self.plan.rows};")
         return lines
 
@@ -876,9 +911,11 @@ extern "C" __global__ void __launch_bounds__({self._bounds()}) {name}({", ".join
 
     def _through_global(self, partials, work: Pass) -> list[str]:
         """Each block's partials of its rows to their slots of the workspace (slot row * split +
-        the block's place in the row), grid.sync(), then every block combines its rows' slots.
+        the block's place in the row), the barrier of its row's blocks (rows_split_barrier, on the
+        pass's counters: `groups` arrivals, then as many departures), then every block combines its
+        rows' slots.
         Along rows, every warp folds them all, lane l slots l, l + 32, ..., then shuffles: no
-        barrier or shared memory between grid.sync() and the stores, where a block fold's two
+        barrier or shared memory between the barrier and the stores, where a block fold's two
         __syncthreads and its slots in shared memory were (on an H100, split softmax over 16 x
         393216: 0.6-3.7% faster in fp32 and bf16, benchmarks/results/rows_ab-h100-...-fortieth*);
         across rows (a row's threads already agree) each thread folds its row's slots in order.
@@ -905,7 +942,13 @@ extern "C" __global__ void __launch_bounds__({self._bounds()}) {name}({", ".join
             item = COMBINE[p.combine].format(a=p.acc, b=slot)
             folds += [f"{p.acc} = {IDENTITY[p.combine]};",
                       f"for (int g = {first}; {fold_guard}g < {self.S}; g += {step}) {p.acc} = {item};"]
-        lines = self._lanes(lines) + ["grid.sync();"] + self._lanes(folds)
+        groups = grid_blocks(self.plan, self.launch) // self.S
+        first = 2 * groups * self.plan.passes.index(work)  # this pass's counters
+        arrived = f"bar + {f'{first} + ' if first else ''}blockIdx.x / {self.S}"
+        barrier = [f"rows_split_barrier({arrived}, {arrived} + {groups}, {self.S}u);"]
+        if not self.plan.along_rows:  # each row's first thread wrote its partials
+            barrier.insert(0, "__syncthreads();")
+        lines = self._lanes(lines) + barrier + self._lanes(folds)
         if not self.plan.along_rows:
             return lines
         return lines + self._lanes(_shuffles(partials, width, self._accumulator))

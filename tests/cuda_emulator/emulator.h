@@ -1,9 +1,10 @@
 // A CPU stand-in for the CUDA features generated row kernels use, so their logic can be checked
 // on a machine without a GPU: every CUDA thread is an OS thread; __syncthreads, warp shuffles
-// cluster.sync() and grid.sync() are barriers; each block has its own shared-memory arena, and a
-// cluster's blocks run together, so map_shared_rank reaches a neighbour's arena; a cooperative
-// launch runs all its blocks together. Not a GPU: no timing,
-// no memory model beyond what the barriers order, no alignment faults.
+// and cluster.sync() are barriers; each block has its own shared-memory arena, and a cluster's
+// blocks run together, so map_shared_rank reaches a neighbour's arena; a cooperative launch runs
+// all its blocks together (so blocks may wait for each other on atomics: emu::atomic_add, emu::
+// wait_until). Not a GPU: no timing, no memory model beyond what the barriers and the atomics
+// order (each sequentially consistent), no alignment faults.
 //
 // tests/cuda_emulation.py rewrites a kernel's `__shared__` declarations into emu::shared<...>
 // lookups, swaps its inline-asm helpers for the functions below, and calls emu::launch.
@@ -11,7 +12,9 @@
 
 #include <math.h>
 #include <pthread.h>
+#include <sched.h>
 
+#include <atomic>
 #include <barrier>
 #include <cstdint>
 #include <cstring>
@@ -66,10 +69,6 @@ struct Cluster {
   std::unique_ptr<Barrier> barrier;
 };
 
-struct Grid {
-  std::unique_ptr<Barrier> barrier;  // every thread of a cooperative launch
-};
-
 // Offsets of static shared variables, the same in every block (so a cluster can map them).
 struct Layout {
   std::mutex mutex;
@@ -79,7 +78,6 @@ struct Layout {
 
 inline Layout layout;
 thread_local Block* block = nullptr;
-thread_local Grid* grid = nullptr;
 thread_local unsigned linear = 0;
 
 inline size_t static_offset(int id, size_t bytes, size_t dynamic_bytes) {
@@ -123,15 +121,21 @@ T shuffle_from(T value, unsigned source) {
 
 struct ThreadStart {
   Block* block;
-  Grid* grid;
   unsigned block_index, linear, block_x, grid_x;
   const std::function<void()>* kernel;
 };
 
+// An acquiring load of global memory (ld.acquire.gpu), for threads that wait on each other's
+// atomics (a cooperative launch's blocks): a waiting thread yields its core, since there are far
+// more threads than cores.
+inline unsigned load_acquire(const unsigned* address) {
+  sched_yield();
+  return std::atomic_ref<unsigned>(*const_cast<unsigned*>(address)).load(std::memory_order_acquire);
+}
+
 inline void* run_thread(void* arg) {
   const ThreadStart& start = *static_cast<ThreadStart*>(arg);
   block = start.block;
-  grid = start.grid;
   linear = start.linear;
   blockIdx = {start.block_index, 0, 0};
   gridDim = {start.grid_x, 1, 1};
@@ -149,8 +153,6 @@ inline void launch(unsigned blocks_in_grid, unsigned block_x, unsigned block_y, 
   const unsigned threads = block_x * block_y;
   const unsigned together = cooperative ? blocks_in_grid : cluster;
   for (unsigned first = 0; first < blocks_in_grid; first += together) {
-    Grid whole;
-    whole.barrier = std::make_unique<Barrier>(static_cast<std::ptrdiff_t>(threads * together));
     std::vector<std::unique_ptr<Cluster>> groups;
     std::vector<std::unique_ptr<Block>> blocks;
     for (unsigned r = 0; r < together; ++r) {
@@ -173,7 +175,9 @@ inline void launch(unsigned blocks_in_grid, unsigned block_x, unsigned block_y, 
     std::vector<ThreadStart> starts;
     starts.reserve(threads * together);
     for (unsigned r = 0; r < together; ++r) {
-      for (unsigned t = 0; t < threads; ++t) starts.push_back({blocks[r].get(), &whole, first + r, t, block_x, blocks_in_grid, &kernel});
+      for (unsigned t = 0; t < threads; ++t) {
+        starts.push_back({blocks[r].get(), first + r, t, block_x, blocks_in_grid, &kernel});
+      }
     }
     pthread_attr_t attr;
     pthread_attr_init(&attr);
@@ -190,6 +194,12 @@ inline void launch(unsigned blocks_in_grid, unsigned block_x, unsigned block_y, 
 }  // namespace emu
 
 inline void __syncthreads() { emu::sync_block(); }
+
+inline void __threadfence() { std::atomic_thread_fence(std::memory_order_seq_cst); }
+
+inline unsigned atomicAdd(unsigned* address, unsigned value) {
+  return std::atomic_ref<unsigned>(*address).fetch_add(value);
+}
 
 template <typename T>
 T __shfl_xor_sync(unsigned, T value, int mask) {
@@ -226,8 +236,4 @@ struct cluster_group {
   }
 };
 inline cluster_group this_cluster() { return {}; }
-struct grid_group {
-  void sync() const { emu::grid->barrier->arrive_and_wait(); }
-};
-inline grid_group this_grid() { return {}; }
 }  // namespace cooperative_groups
