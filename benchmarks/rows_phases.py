@@ -383,10 +383,12 @@ def tma_model(dtype: str, kernel: str, extra: dict):
     return probe_model(dtype, tma_source(dtype, **extra), kernel, ROWS * cluster, extra.get("THREADS", threads), 8,
                        cluster=cluster, shared_mem=max(slice_bytes, ONE_BLOCK_AN_SM))
 
-# The generated kernel's own code (its preamble, online stats in double, grid.sync), its rows in G
+# The generated kernel's code as it was (its preamble, online stats in double, grid.sync), its rows in G
 # groups: each block holds a slice of one row of every group, all loaded first; then for each
 # group in turn its stats, a grid.sync, its stores (which overlap the next group's stats).
 GEN_GROUPS_KERNEL = r"""
+#include <cooperative_groups.h>
+namespace cg = cooperative_groups;
 __device__ __forceinline__ float ld_f(float x) { return x; }
 __device__ __forceinline__ float ld_f(bf16 h) { return bf16_to_float(h); }
 __device__ __forceinline__ void st_f(float f, float& o) { o = f; }
