@@ -117,8 +117,9 @@ __device__ __forceinline__ void rows_cluster_sync() {
 """
 # The barrier after which a split row's blocks read each other's partials from the workspace: the
 # row's blocks only, where grid.sync() waited for every block, so a row whose blocks have all
-# arrived stores while others still load (on an H100, a softmax over 16 x 393216 split 16 blocks a
-# row: 16.4 -> 15.8 us bf16, 27.1 -> 25.8 us fp32; benchmarks/results, 2026-12-08). The block's
+# arrived stores while others still load (on an H100, a softmax over 16 x 393216, interleaved with
+# grid.sync()'s: fp32 27.1 -> 25.8 us split 16, 25.8 -> 25.0 split 32; bf16 16.1 -> 16.2 split 16,
+# 16.5 -> 17.1 split 32; benchmarks/results, 2026-12-08). The block's
 # first thread releases what the block wrote (the partials, written by its first thread or, across
 # rows, after a __syncthreads), arrives, and waits to acquire `blocks` arrivals; the last block to
 # leave zeroes both counters, so every launch finds them as the launch op first zeroed them
