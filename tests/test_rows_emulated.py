@@ -211,6 +211,21 @@ def test_long_row_launches_compute_the_task(label, tmp_path):
     _check(make(), launch, tmp_path)
 
 
+def test_a_split_row_kernel_that_leaves_its_counters_non_zero_fails(tmp_path):
+    """The launch op keeps a kernel's counters for its next launch, so every launch must leave
+    them zeroed: the emulator fails a kernel that leaves a count there (its output is right, only
+    the next launch would show it). The generated barriers leave none: every other test here."""
+    task = resized(case_task("var_dim1", f32), (3, 200, 40))  # two passes, each its own barrier
+    plan, launch = build_plan(task), Launch(8, 32, 1, split=4)
+    source = kernel_source(plan, "k", launch).rstrip()
+    inputs = random_inputs(task.inputs, 0, device="cpu")
+    # block 0, gone past its last barrier, counts again on the first pass's (idle by then)
+    counting = source[:-1] + "  if (blockIdx.x == 0 && threadIdx.x == 0 && threadIdx.y == 0) atomicAdd(bar, 1u);\n}\n"
+    assert source.endswith("}") and source.count("rows_split_barrier(bar") == 2
+    with pytest.raises(AssertionError, match="the kernel left its counters non-zero"):
+        run(counting, "k", launch_arguments(plan, launch), inputs, list(task.outputs), tmp_path)
+
+
 # Online sums of exp (a max and its rescaled sum): through the workspace, across a cluster's
 # blocks, across rows by lanes, and a softmax's whose exps are outputs too.
 ONLINE = {

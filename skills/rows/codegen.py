@@ -944,7 +944,7 @@ extern "C" __global__ void __launch_bounds__({self._bounds()}) {name}({", ".join
             folds += [f"{p.acc} = {IDENTITY[p.combine]};",
                       f"for (int g = {first}; {fold_guard}g < {self.S}; g += {step}) {p.acc} = {item};"]
         groups = grid_blocks(self.plan, self.launch) // self.S
-        first = 2 * groups * self.plan.passes.index(work)  # this pass's counters
+        first = 2 * groups * next(i for i, p in enumerate(self.plan.passes) if p is work)  # this pass's counters
         arrived = f"bar + {f'{first} + ' if first else ''}blockIdx.x / {self.S}"
         barrier = [f"rows_split_barrier({arrived}, {arrived} + {groups}, {self.S}u);"]
         if not self.plan.along_rows:  # each row's first thread wrote its partials
