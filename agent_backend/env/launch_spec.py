@@ -40,8 +40,9 @@ class Arg:
     """One kernel argument: the data pointer of input/output `value` (an index), a constant of
     type i32, i64, f32 or f64, a workspace: `value` bytes of uninitialised scratch memory, or
     counters: `value` bytes that the op zeroes before the kernel's first launch on a stream and
-    keeps for its later launches there (a CUDA graph's capture takes its own), so the kernel must
-    leave them zeroed, as a barrier whose last user resets it does (verification checks that)."""
+    keeps for its later launches there (a launch captured in a CUDA graph takes its own, zeroed
+    on every replay), so the kernel must leave them zeroed, as a barrier whose last user resets
+    it does (verification checks that)."""
 
     kind: str
     value: int | float

@@ -2,7 +2,8 @@
 // costs what its kernel costs. cuda_agent::launch(key, program, inputs) looks the spec up by
 // key, checks the inputs against it, allocates the outputs (and any scratch workspace a kernel
 // takes) through torch's caching allocator, keeps a kernel's counters (memory zeroed once, one
-// buffer a stream, that each launch leaves zeroed), and launches the first kernel whose alignment the
+// buffer a stream, that each launch leaves zeroed; a CUDA graph zeroes its own on every replay), and
+// launches the first kernel whose alignment the
 // inputs meet (in thread-block clusters, or as a cooperative grid, where its spec says so,
 // through cuLaunchKernelEx) on torch's current stream of the inputs' device, so that it can be
 // captured in a CUDA graph. A Meta kernel gives the
@@ -64,7 +65,6 @@ enum class ArgKind : uint8_t { Input, Output, Constant, Workspace, Counters };
 struct Counters {
   c10::DeviceIndex device;
   CUstream stream;
-  bool captured;  // into a CUDA graph: its own, never another launch's
   at::Tensor memory;
 };
 
@@ -88,8 +88,7 @@ struct Kernel {
   std::array<std::atomic<CUfunction>, kMaxDevices> functions{};  // loaded on first use per device
   std::array<unsigned, kMaxDevices> grid_x{};  // blocks launched along x per device, set with its function
   // Its counters argument's memory: one buffer for each stream it is launched on (launches on one
-  // stream never overlap, on two they may), and one for each launch captured into a CUDA graph
-  // (graphs may replay at once); never freed, a launch may still be queued.
+  // stream never overlap, on two they may); never freed, a launch may still be queued.
   std::mutex counters_mutex;
   std::vector<Counters> counters;
 };
@@ -318,22 +317,25 @@ void launch(const Kernel& kernel, unsigned grid_x, CUfunction function, CUstream
 }
 
 // The kernel's counters for a launch on `stream`: those it already has there, else `bytes` new ones
-// zeroed on that stream ahead of the launch. A launch being captured into a CUDA graph takes new
-// ones every time, their zeroing captured too (a node of the graph, run on every replay).
+// zeroed on that stream ahead of the launch (on torch's current stream: the launch's). A launch being
+// captured into a CUDA graph takes new ones, allocated as a workspace is (the graph's pool; freed into
+// `workspaces` when the op returns) and zeroed by a fill the graph captures too, so every replay zeroes
+// its own, and graphs replayed at once, or a graph's pool handing the memory on, never share a count.
 void* counters_for(Kernel& kernel, int64_t bytes, c10::DeviceIndex device, CUstream stream,
-                   c10::Allocator* allocator) {
+                   c10::Allocator* allocator, std::vector<at::Tensor>& workspaces) {
   int capture = CU_STREAM_CAPTURE_STATUS_NONE;
   check(driver().cuStreamIsCapturing(stream, &capture), "cuStreamIsCapturing");
+  if (capture != CU_STREAM_CAPTURE_STATUS_NONE) {
+    workspaces.push_back(empty_cuda({bytes}, {1}, at::kByte, allocator));
+    return workspaces.back().zero_().mutable_data_ptr();
+  }
   std::lock_guard<std::mutex> lock(kernel.counters_mutex);
-  const bool captured = capture != CU_STREAM_CAPTURE_STATUS_NONE;
   for (Counters& held : kernel.counters) {
-    if (!captured && !held.captured && held.device == device && held.stream == stream) {
-      return held.memory.mutable_data_ptr();
-    }
+    if (held.device == device && held.stream == stream) return held.memory.mutable_data_ptr();
   }
   at::Tensor memory = empty_cuda({bytes}, {1}, at::kByte, allocator);
-  memory.zero_();  // on torch's current stream of the device: the launch's
-  kernel.counters.push_back(Counters{device, stream, captured, memory});
+  memory.zero_();
+  kernel.counters.push_back(Counters{device, stream, memory});
   return memory.mutable_data_ptr();
 }
 
@@ -382,7 +384,7 @@ std::string launch_spec(Spec& spec, at::TensorList inputs, std::vector<at::Tenso
         values[a].ptr = workspaces.back().mutable_data_ptr();
         break;
       case ArgKind::Counters:
-        values[a].ptr = counters_for(kernel, kernel.constants[a].i64, device.index(), stream, allocator);
+        values[a].ptr = counters_for(kernel, kernel.constants[a].i64, device.index(), stream, allocator, workspaces);
         break;
     }
     params[a] = &values[a];
@@ -624,7 +626,7 @@ int64_t launch_count(const std::string& key) {
   return spec == nullptr ? -1 : static_cast<int64_t>(spec->launches.load(std::memory_order_relaxed));
 }
 
-// Bytes of `key`'s counters, on every stream and in every capture, that are not zero (-1: no spec
+// Bytes of `key`'s counters, on every stream, that are not zero (-1: no spec
 // registered): each launch must leave them zeroed, so verification asks after its calls, once the
 // device is synchronised (the count runs on the current stream, not the launches').
 int64_t counters_left(const std::string& key) {
