@@ -239,12 +239,17 @@ def workspace_bytes(plan: RowPlan, launch: Launch) -> int:
     return WORKSPACE_SLOT_BYTES * partials * plan.rows * launch.split
 
 
+def split_groups(plan: RowPlan, launch: Launch) -> int:
+    """The groups of `split` blocks a split grid's rows take, each its own barrier's."""
+    return grid_blocks(plan, launch) // launch.split
+
+
 def counter_bytes(plan: RowPlan, launch: Launch) -> int:
-    """The counters a split row's barriers take (SPLIT_BARRIER_FUNCTION): two a pass and a row's
-    group of blocks."""
+    """The counters a split row's barriers take (SPLIT_BARRIER_FUNCTION): two a pass and a group
+    of blocks (_Writer._through_global: a pass's arrivals, then its departures)."""
     if launch.split == 1:
         return 0
-    return 4 * 2 * len(plan.passes) * (grid_blocks(plan, launch) // launch.split)
+    return 4 * 2 * len(plan.passes) * split_groups(plan, launch)
 
 
 def shared_bytes(plan: RowPlan, launch: Launch) -> int:
@@ -943,7 +948,7 @@ extern "C" __global__ void __launch_bounds__({self._bounds()}) {name}({", ".join
             item = COMBINE[p.combine].format(a=p.acc, b=slot)
             folds += [f"{p.acc} = {IDENTITY[p.combine]};",
                       f"for (int g = {first}; {fold_guard}g < {self.S}; g += {step}) {p.acc} = {item};"]
-        groups = grid_blocks(self.plan, self.launch) // self.S
+        groups = split_groups(self.plan, self.launch)
         first = 2 * groups * next(i for i, p in enumerate(self.plan.passes) if p is work)  # this pass's counters
         arrived = f"bar + {f'{first} + ' if first else ''}blockIdx.x / {self.S}"
         barrier = [f"rows_split_barrier({arrived}, {arrived} + {groups}, {self.S}u);"]
