@@ -2,9 +2,9 @@
 // on a machine without a GPU: every CUDA thread is an OS thread; __syncthreads, warp shuffles
 // and cluster.sync() are barriers; each block has its own shared-memory arena, and a cluster's
 // blocks run together, so map_shared_rank reaches a neighbour's arena; a cooperative launch runs
-// all its blocks together (so blocks may wait for each other on atomics: emu::atomic_add, emu::
-// wait_until). Not a GPU: no timing, no memory model beyond what the barriers and the atomics
-// order (each sequentially consistent), no alignment faults.
+// all its blocks together (so blocks may wait for each other on atomics: atomicAdd,
+// emu::load_acquire). Not a GPU: no timing, no memory model beyond what the barriers and the
+// atomics order, no alignment faults.
 //
 // tests/cuda_emulation.py rewrites a kernel's `__shared__` declarations into emu::shared<...>
 // lookups, swaps its inline-asm helpers for the functions below, and calls emu::launch.
