@@ -1,8 +1,9 @@
 """Versions of the rows template's code generation, A/B on a GPU: launches of suite problems'
 row tasks written by one or more base copies of skills/rows/codegen.py (comma-separated) and by
 this checkout's, each checked against the task's program, then timed interleaved in one process
-(rows_plans.bench: the least do_bench time of 5 rounds). Only codegen.py is swapped, so a base
-must agree with this checkout's plan.py and candidates.py. Per launch: each base's us and
+(rows_plans.bench: the least do_bench time of 5 rounds). Only codegen.py is swapped (each
+version writes its kernels and sizes their grid, shared memory, workspace and counters), so a
+base must agree with this checkout's plan.py and candidates.py. Per launch: each base's us and
 base / new, then new's us; per line, a copy of the task's rows (as many bytes as a softmax moves).
 
     git show main:skills/rows/codegen.py > /tmp/codegen_main.py
@@ -22,8 +23,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout
 
 from benchmarks.rows_plans import bench, plan_contenders, row_tasks, rows_input  # noqa: E402
+from skills.rows import codegen as this_codegen  # noqa: E402
 from skills.rows.candidates import launch_configs, tag  # noqa: E402
-from skills.rows.codegen import kernel_source  # noqa: E402
 from skills.rows.plan import build_plan  # noqa: E402
 
 DEFAULT_LAUNCHES = 2
@@ -50,21 +51,21 @@ def ab_launches(task, tags: list[str]) -> list[tuple[str, object, object]]:
 
 
 def main(base_paths: list[str], specs: list[str]) -> None:
-    writers = {Path(p).stem: load_codegen(p).kernel_source for p in base_paths}
-    if "new" in writers or len(writers) < len(base_paths):
+    codegens = {Path(p).stem: load_codegen(p) for p in base_paths}
+    if "new" in codegens or len(codegens) < len(base_paths):
         sys.exit(f"bases need distinct file names, none of them new.py: {base_paths}")
-    writers["new"] = kernel_source
+    codegens["new"] = this_codegen
     for spec in specs:
         name, dtype, *tags = spec.split(":")
         for task, ins, _, expected in row_tasks(name, dtype):
             launches = ab_launches(task, tags[0].split(",") if tags else [])
             fns = {}
-            for version, write in writers.items():
+            for version, codegen in codegens.items():
                 fns.update(plan_contenders([(f"{version}:{t}", plan, c) for t, plan, c in launches], ins, expected,
-                                           write=write))
+                                           codegen=codegen))
             rows, destination = _copied(ins)
             times = bench({**fns, "copy": lambda: destination.copy_(rows)}, rounds=5)
-            print(spec, task.hash[:8], " | ".join(_compared(t, list(writers), times) for t, _, _ in launches),
+            print(spec, task.hash[:8], " | ".join(_compared(t, list(codegens), times) for t, _, _ in launches),
                   f"| copy {times['copy']:.1f}", flush=True)
 
 

@@ -23,7 +23,8 @@ from benchmarks.suite.problem import build  # noqa: E402
 from benchmarks.suite.registry import select  # noqa: E402
 from skills import rows  # noqa: E402
 from skills.rows.candidates import launch_configs, model_source, tag  # noqa: E402
-from skills.rows.codegen import Launch, kernel_source  # noqa: E402
+from skills.rows import codegen as this_codegen  # noqa: E402
+from skills.rows.codegen import Launch  # noqa: E402
 from skills.rows.plan import build_plan  # noqa: E402
 
 STREAMING_THREADS = (128, 256, 512, 1024)  # extra shapes of a streamed (nothing held) online plan
@@ -64,14 +65,14 @@ def plan_launches(task) -> list[tuple[str, object, Launch]]:
     return launches
 
 
-def plan_contenders(launches, ins: list, expected: tuple, atol: float = 2e-2, write=kernel_source) -> dict:
+def plan_contenders(launches, ins: list, expected: tuple, atol: float = 2e-2, codegen=this_codegen) -> dict:
     """Those of `launches` ((label, plan, launch), as plan_launches gives them) that run and agree
     with the task's program (`expected`, its outputs on `ins`), each a call; their kernels written
-    by `write` (another version of codegen.kernel_source, where rows_ab.py compares two)."""
+    and sized by `codegen` (another version of the codegen module, where rows_ab.py compares two)."""
     fns = {}
     for label, plan, launch in launches:
         try:
-            model = load_program(model_source(plan, launch, write), label)["ModelNew"]()
+            model = load_program(model_source(plan, launch, codegen), label)["ModelNew"]()
             out = model(*ins)
             torch.cuda.synchronize()  # a kernel's fault shows here, under its own label
         except Exception as e:  # noqa: BLE001 - a shape may be refused: say so, time the rest

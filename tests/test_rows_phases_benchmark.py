@@ -96,8 +96,15 @@ def test_rows_ab_writes_each_version_by_its_own_codegen(tmp_path):
     (named,) = ab_launches(task, [first[1][0], "no-such-tag"])
     assert named[0] == first[1][0]
     _, plan, launch = named
-    assert "// the base version" in model_source(plan, launch, base.kernel_source)
+    assert "// the base version" in model_source(plan, launch, base)
     assert "// the base version" not in model_source(plan, launch)
+    # each version sizes its kernels' memory: the base's counters are its own
+    base_file.write_text(text.replace(marker, "// the base version\n" + marker, 1).replace(
+        "def counter_bytes(plan: RowPlan, launch: Launch) -> int:", "def counter_bytes(plan, launch):\n    return 4096\n\n\n"
+        "def unused_counter_bytes(plan: RowPlan, launch: Launch) -> int:", 1))
+    resized_base = load_codegen(str(base_file))
+    assert "MAIN_LAUNCH = (256, (256,), 0, 1, 4096, False, 4096)" in model_source(plan, launch, resized_base)
+    assert "MAIN_LAUNCH = (256, (256,), 0, 1, 4096, False, 128)" in model_source(plan, launch)
 
 
 def test_rows_ab_line_gives_each_base_against_the_new_version_and_leaves_out_failed_ones():

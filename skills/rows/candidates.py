@@ -8,10 +8,10 @@ import string
 from agent_backend.specs import Candidate
 from skills.pointwise.errors import Unsupported
 
+from . import codegen as this_codegen
 from .codegen import (TYPICAL_SM_COUNT, WARP, Launch, blocks_per_sm, buffer_bytes, can_persist, can_prefetch,
-                      counter_bytes, grid_blocks, is_vector_access, keeps_values, kernel_source, lanes, lanes_fit,
-                      lanes_fit_along, register_budget, shared_bytes, streamed_access, vectors_per_thread,
-                      workspace_bytes)
+                      grid_blocks, is_vector_access, keeps_values, lanes, lanes_fit, lanes_fit_along,
+                      register_budget, shared_bytes, streamed_access, vectors_per_thread)
 from .plan import RowPlan
 
 REGISTER_WORDS = 32        # 32-bit registers a thread may spend on its part of the on-chip rows
@@ -381,18 +381,19 @@ ModelNew = launch_spec_model(LaunchSpec(inputs=[TensorSpec(*s, "cuda") for s in 
                                         outputs=[TensorSpec(*s, "cuda") for s in OUTPUTS], kernels=KERNELS))
 ''')
 
-def launch_arguments(plan: RowPlan, launch: Launch) -> tuple:
+def launch_arguments(plan: RowPlan, launch: Launch, codegen=this_codegen) -> tuple:
     """(grid, block, dynamic shared memory, cluster size, workspace bytes of a split row, persistent,
-    counter bytes of a split row)."""
+    counter bytes of a split row), as `codegen` (a version of the codegen module) sizes them."""
     block = (launch.threads * launch.rows,) if plan.along_rows else (launch.rows, launch.threads)
-    return (grid_blocks(plan, launch), block, shared_bytes(plan, launch), launch.cluster, workspace_bytes(plan, launch),
-            launch.persistent, counter_bytes(plan, launch))
+    return (codegen.grid_blocks(plan, launch), block, codegen.shared_bytes(plan, launch), launch.cluster,
+            codegen.workspace_bytes(plan, launch), launch.persistent, codegen.counter_bytes(plan, launch))
 
 
-def model_source(plan: RowPlan, launch: Launch, write=kernel_source) -> str:
+def model_source(plan: RowPlan, launch: Launch, codegen=this_codegen) -> str:
     """KernelBench-style program whose ModelNew runs `plan` with `launch` (a launch spec),
-    compiled for the current GPU at import; its kernels' source by `write` (another version of
-    codegen.kernel_source, where benchmarks/rows_ab.py compares two)."""
+    compiled for the current GPU at import; its kernels and their memory as `codegen` writes and
+    sizes them (another version of the codegen module, where benchmarks/rows_ab.py compares two)."""
+    write = codegen.kernel_source
     name = f"rows_{tag(plan, launch)}"
     # one element an access; across rows, a thread's rows spread over more blocks, so the split
     # shrinks as much (a cooperative grid must fit on the GPU at once)
@@ -408,10 +409,10 @@ def model_source(plan: RowPlan, launch: Launch, write=kernel_source) -> str:
     return _SPEC_MODEL.substitute(
         tag=tag(plan, launch), name=name, how=spread + " and run by the C++ launch op",
         inputs=_signatures(plan.inputs), outputs=_signatures(o.spec for o in plan.outputs),
-        main_source=write(plan, name, launch), main_launch=launch_arguments(plan, launch),
+        main_source=write(plan, name, launch), main_launch=launch_arguments(plan, launch, codegen),
         alignment=tuple(alignment),
         fallback_source=f"r'''{fallback}'''" if fallback else None,
-        fallback_launch=launch_arguments(plan, scalar) if fallback else None)
+        fallback_launch=launch_arguments(plan, scalar, codegen) if fallback else None)
 
 
 def _signatures(specs) -> str:
