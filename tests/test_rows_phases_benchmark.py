@@ -13,7 +13,7 @@ import skills.rows.codegen as codegen
 from benchmarks.rows_ab import DEFAULT_LAUNCHES, _compared, ab_launches, load_codegen
 from benchmarks.rows_phases import (GEN_GROUPS, gen_groups_source, generated_plan, generated_preamble,
                                      kernel_source, tma_source)
-from skills.rows.candidates import model_source
+from skills.rows.candidates import launch_arguments, model_source
 from test_rows_template import _nvcc, case_task, resized
 
 
@@ -103,8 +103,9 @@ def test_rows_ab_writes_each_version_by_its_own_codegen(tmp_path):
         "def counter_bytes(plan: RowPlan, launch: Launch) -> int:", "def counter_bytes(plan, launch):\n    return 4096\n\n\n"
         "def unused_counter_bytes(plan: RowPlan, launch: Launch) -> int:", 1))
     resized_base = load_codegen(str(base_file))
-    assert "MAIN_LAUNCH = (256, (256,), 0, 1, 4096, False, 4096)" in model_source(plan, launch, resized_base)
-    assert "MAIN_LAUNCH = (256, (256,), 0, 1, 4096, False, 128)" in model_source(plan, launch)
+    ours = launch_arguments(plan, launch)
+    assert ours[-1] != 4096 and f"MAIN_LAUNCH = {ours}" in model_source(plan, launch)
+    assert f"MAIN_LAUNCH = {ours[:-1] + (4096,)}" in model_source(plan, launch, resized_base)
 
 
 def test_rows_ab_line_gives_each_base_against_the_new_version_and_leaves_out_failed_ones():
