@@ -100,12 +100,12 @@ def test_rows_ab_writes_each_version_by_its_own_codegen(tmp_path):
     assert "// the base version" not in model_source(plan, launch)
     # each version sizes its kernels' memory: the base's counters are its own
     base_file.write_text(text.replace(marker, "// the base version\n" + marker, 1).replace(
-        "def counter_bytes(plan: RowPlan, launch: Launch) -> int:", "def counter_bytes(plan, launch):\n    return 4096\n\n\n"
+        "def counter_bytes(plan: RowPlan, launch: Launch) -> int:", "def counter_bytes(plan, launch):\n    return 8192\n\n\n"
         "def unused_counter_bytes(plan: RowPlan, launch: Launch) -> int:", 1))
     resized_base = load_codegen(str(base_file))
     ours = launch_arguments(plan, launch)
-    assert ours[-1] != 4096 and f"MAIN_LAUNCH = {ours}" in model_source(plan, launch)
-    assert f"MAIN_LAUNCH = {ours[:-1] + (4096,)}" in model_source(plan, launch, resized_base)
+    assert ours[-1] != 8192 and f"MAIN_LAUNCH = {ours}" in model_source(plan, launch)
+    assert f"MAIN_LAUNCH = {ours[:-1] + (8192,)}" in model_source(plan, launch, resized_base)
 
 
 def test_rows_ab_line_gives_each_base_against_the_new_version_and_leaves_out_failed_ones():

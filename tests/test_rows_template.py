@@ -430,9 +430,9 @@ def test_few_long_rows_are_split_over_a_cooperative_grid():
     assert workspace_bytes(plan, split[0]) == 8 * 16 * 32
     source = kernel_source(plan, "k", split[0])
     assert "unsigned char* ws, unsigned int* bar)" in source and "if (t == 0) ws0[blockIdx.x] = acc" in source
-    assert "rows_split_barrier(bar + blockIdx.x / 32, bar + blockIdx.x / 32 + 16, 32u);" in source
-    assert "grid.sync()" not in source and counter_bytes(plan, split[0]) == 4 * 2 * 16
-    assert "MAIN_LAUNCH = (512, (256,), 0, 1, 4096, False, 128)" in model_source(plan, split[0])
+    assert "rows_split_barrier(bar + 32 * (blockIdx.x / 32), bar + 32 * (blockIdx.x / 32) + 512, 32u);" in source
+    assert "grid.sync()" not in source and counter_bytes(plan, split[0]) == 128 * 2 * 16
+    assert "MAIN_LAUNCH = (512, (256,), 0, 1, 4096, False, 4096)" in model_source(plan, split[0])
     assert "if (row_ok && t == 0 && blockIdx.x % 32 == 0)" in source
     whole = build_plan(resized(case_task("mse_loss", f32), (8192, 4096), (8192, 4096)))
     assert (whole.rows, whole.row_length) == (1, 8192 * 4096)
@@ -478,7 +478,8 @@ def test_columns_are_read_a_vector_across_them_and_few_are_split():
     assert "const Vec<bf16, 8> l0 = *reinterpret_cast<const Vec<bf16, 8>*>(in0 + a0_base + j0 * 768);" in source
     assert "if (row_ok && t == 0) ws0_w7[(row + 7) * 16 + blockIdx.x % 16] = acc1_w7;" in source
     # each column's first thread wrote its partials: the block's barrier, then its blocks'
-    barrier = "  __syncthreads();\n  rows_split_barrier(bar + blockIdx.x / 16, bar + blockIdx.x / 16 + 12, 16u);\n"
+    barrier = ("  __syncthreads();\n"
+               "  rows_split_barrier(bar + 32 * (blockIdx.x / 16), bar + 32 * (blockIdx.x / 16) + 384, 16u);\n")
     assert source.count(barrier) == 1 and source.count("__syncthreads();") == 3  # one in rows_split_barrier
     # only the thread that stores a column folds its slots: nothing else reads the sum
     assert ("for (int g = 0; row_ok && t == 0 && blockIdx.x % 16 == 0 && g < 16; g += 1) "
@@ -487,7 +488,7 @@ def test_columns_are_read_a_vector_across_them_and_few_are_split():
     # where the data is not aligned, one element an access: 8 times the blocks, an eighth the split
     program = model_source(plan, configs[0])
     assert "MAIN_ALIGNMENT = (16,)" in program
-    assert "FALLBACK_LAUNCH = (192, (8, 32), 0, 1, 12288, False, 768)" in program
+    assert "FALLBACK_LAUNCH = (192, (8, 32), 0, 1, 12288, False, 24576)" in program
     tall = build_plan(resized(case_task("sum_columns", f32), (16384, 4096)))
     assert [tag(tall, c) for c in launch_configs(tall) if not c.no_l1] == [
         "y32r8w4g4", "y32r8w4g2", "y8r32w4g16", "y8r32w4g8", "y32r32"]
