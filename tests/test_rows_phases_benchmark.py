@@ -100,7 +100,8 @@ def test_rows_ab_writes_each_version_by_its_own_codegen(tmp_path):
     assert "// the base version" not in model_source(plan, launch)
     # each version sizes its kernels' memory: the base's counters are its own
     base_file.write_text(text.replace(marker, "// the base version\n" + marker, 1).replace(
-        "def counter_bytes(plan: RowPlan, launch: Launch) -> int:", "def counter_bytes(plan, launch):\n    return 8192\n\n\n"
+        "def counter_bytes(plan: RowPlan, launch: Launch) -> int:",
+        "def counter_bytes(plan, launch):\n    return 8192\n\n\n"
         "def unused_counter_bytes(plan: RowPlan, launch: Launch) -> int:", 1))
     resized_base = load_codegen(str(base_file))
     ours = launch_arguments(plan, launch)
